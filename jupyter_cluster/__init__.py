@@ -1,0 +1,101 @@
+"""jupyter_cluster: a notebook as the control room of a Ray cluster.
+
+``%load_ext jupyter_cluster`` registers ``%cluster`` and ``%%remote``; the same
+things are reachable from Python:
+
+>>> import jupyter_cluster as jc             # doctest: +SKIP
+>>> cluster = jc.local(cpus=2)               # doctest: +SKIP
+>>> h = jc.submit(sum, [1, 2, 3])            # doctest: +SKIP
+>>> jc.get(h)                                # doctest: +SKIP
+6
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._cell import CellResult, RemoteCell, RemoteRepr
+from ._cluster import Cluster, ClusterStatus, current, local
+from ._errors import (
+    AgentLostError,
+    CellTimeoutError,
+    ClusterConnectionError,
+    ClusterError,
+    InputError,
+    RemoteError,
+    RequestError,
+)
+from ._handles import ObjectHandle
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+__version__ = "0.1.0"
+
+
+def _cluster() -> Cluster:
+    cluster = current()
+    if cluster is None:
+        raise ClusterConnectionError("no cluster is attached: call jc.local() (or %cluster local) first")
+    return cluster
+
+
+def submit(fn: Callable[..., Any], *args: Any, cpus: float | None = None, gpus: float | None = None,
+           memory: int | str | None = None, resources: dict[str, float] | None = None) -> ObjectHandle:
+    """Run ``fn(*args)`` as a Ray task on the attached cluster (see :meth:`Cluster.submit`)."""
+    return _cluster().submit(fn, *args, cpus=cpus, gpus=gpus, memory=memory, resources=resources)
+
+
+def map(fn: Callable[..., Any], *iterables: Iterable[Any], cpus: float | None = None,  # noqa: A001
+        gpus: float | None = None) -> list[ObjectHandle]:
+    """One task per element, like ``[f.remote(x) for x in xs]`` (see :meth:`Cluster.map`)."""
+    return _cluster().map(fn, *iterables, cpus=cpus, gpus=gpus)
+
+
+def put(value: Any) -> ObjectHandle:
+    """``ray.put`` from the notebook: store ``value`` on the cluster, return its handle."""
+    return _cluster().put(value)
+
+
+def get(handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = None) -> Any:
+    """``ray.get`` from the notebook: fetch a handle's value (or a list of them)."""
+    return _cluster().get(handle, timeout)
+
+
+def wait(handles: Sequence[ObjectHandle], num_returns: int = 1,
+         timeout: float | None = None) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
+    """``ray.wait`` from the notebook: ``(ready, not_ready)``."""
+    return _cluster().wait(handles, num_returns, timeout)
+
+
+def load_ipython_extension(ipython: InteractiveShell) -> None:
+    """``%load_ext jupyter_cluster``: register the magics."""
+    from ._magics import ClusterMagics
+
+    ipython.register_magics(ClusterMagics)
+
+
+__all__ = [
+    "AgentLostError",
+    "CellResult",
+    "CellTimeoutError",
+    "Cluster",
+    "ClusterConnectionError",
+    "ClusterError",
+    "ClusterStatus",
+    "InputError",
+    "ObjectHandle",
+    "RemoteCell",
+    "RemoteError",
+    "RemoteRepr",
+    "RequestError",
+    "current",
+    "get",
+    "load_ipython_extension",
+    "local",
+    "map",
+    "put",
+    "submit",
+    "wait",
+]

@@ -1,0 +1,561 @@
+"""Static analysis of a ``%%remote`` cell before its source goes to the cluster.
+
+The kernel needs to know which notebook names a cell reads before assigning them (its
+inputs, shipped to the cluster), which module-level names it binds (its outputs, brought
+back), and whether its last statement is an expression to display like ``Out[n]``. This is
+worked out from the cell's ``ast`` by walking its statements in source order with Python's
+scoping rules (module, class, function and comprehension scopes), without running anything.
+Cells that use IPython-only syntax such as ``%magic`` or ``!shell`` are refused with a
+message that says which line to move to an ordinary cell.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from IPython.core.inputtransformer2 import TransformerManager
+
+__all__ = ["CellAnalysis", "CellSyntaxError", "analyse_cell", "check_remote_syntax"]
+
+_FILENAME = "<remote cell>"
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+@dataclass(frozen=True)
+class CellAnalysis:
+    """What a cell reads, binds and displays; see :func:`analyse_cell`."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    displays_last: bool
+
+
+class CellSyntaxError(SyntaxError):
+    """A ``%%remote`` cell that cannot be compiled as plain Python on the cluster."""
+
+    def __str__(self) -> str:
+        # The message already names the line; SyntaxError's default would repeat it.
+        return str(self.msg)
+
+
+def check_remote_syntax(source: str) -> None:
+    """Check that a cell is plain Python that the cluster can compile.
+
+    Parameters
+    ----------
+    source : str
+        The cell's source, without the ``%%remote`` line.
+
+    Raises
+    ------
+    CellSyntaxError
+        If the source uses IPython-only syntax (``%magic``, ``!shell``, ``x?``, ``%%magic``),
+        or is otherwise not valid Python. ``lineno``, ``offset`` and ``text`` locate the
+        problem.
+    """
+    try:
+        ast.parse(source, _FILENAME)
+    except SyntaxError as exc:
+        lineno = _ipython_line(source, exc)
+        if lineno is not None:
+            text = source.splitlines()[lineno - 1]
+            message = (
+                f"line {lineno} uses IPython syntax (`{text.strip()}`), which cannot run on"
+                " the cluster: run it in an ordinary cell, or use Python (e.g. subprocess)"
+                " instead"
+            )
+            offset = len(text) - len(text.lstrip()) + 1
+            raise CellSyntaxError(
+                message, (_FILENAME, lineno, offset, text + "\n")
+            ) from None
+        where = f", line {exc.lineno}" if exc.lineno is not None else ""
+        message = f"invalid syntax in the remote cell{where}: {exc.msg}; fix it and run the cell again"
+        details = (
+            _FILENAME,
+            exc.lineno,
+            exc.offset,
+            exc.text,
+            exc.end_lineno,
+            exc.end_offset,
+        )
+        raise CellSyntaxError(message, details) from None
+
+
+def _ipython_line(source: str, error: SyntaxError) -> int | None:
+    """Return the first line IPython's transformer rewrites, if that explains ``error``."""
+    manager = TransformerManager()
+    # Dedenting and prompt stripping are not IPython-only syntax: the cluster compiles the
+    # raw source, so such cells must get the plain syntax error instead.
+    manager.cleanup_transforms = []
+    try:
+        transformed = manager.transform_cell(source)
+    except Exception:  # a transformer bug must not hide the real syntax error
+        return None
+    old, new = source.splitlines(), transformed.splitlines()
+    if old == new:
+        return None
+    lineno = next(
+        (i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new))
+    )
+    lineno = min(lineno + 1, len(old))
+    try:
+        ast.parse(transformed, _FILENAME)
+    except SyntaxError:
+        # Still broken after the rewrite: blame IPython syntax only where Python failed.
+        return lineno if error.lineno == lineno else None
+    return lineno
+
+
+def analyse_cell(source: str) -> CellAnalysis:
+    """Find a cell's inputs and outputs, and whether it displays its last value.
+
+    Parameters
+    ----------
+    source : str
+        The cell's source, without the ``%%remote`` line.
+
+    Returns
+    -------
+    CellAnalysis
+        ``inputs``: names read at module level (or free in a function, as of its ``def``)
+        before the cell binds them, in order of first read; builtins are included.
+        ``outputs``: module-level names the cell binds or mutates through an attribute or
+        subscript assignment, in order of first binding. ``displays_last``: the last
+        top-level statement is an expression and the cell does not end with ``;``.
+
+    Raises
+    ------
+    CellSyntaxError
+        As :func:`check_remote_syntax`.
+    """
+    check_remote_syntax(source)
+    tree = ast.parse(source, _FILENAME)
+    walker = _Walker()
+    for statement in tree.body:
+        walker.visit(statement)
+    displays = (
+        bool(tree.body)
+        and isinstance(tree.body[-1], ast.Expr)
+        and not _ends_quiet(source)
+    )
+    return CellAnalysis(tuple(walker.inputs), tuple(walker.outputs), displays)
+
+
+def _ends_quiet(source: str) -> bool:
+    """Tell whether the last token, ignoring comments and whitespace, is ``;`` (IPython's rule)."""
+    skip = {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+    }
+    last = ""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type not in skip and token.type != tokenize.ENDMARKER:
+                last = token.string
+    except (tokenize.TokenError, SyntaxError):
+        return source.rstrip().endswith(";")
+    return last == ";"
+
+
+@dataclass
+class _Scope:
+    kind: Literal["module", "class", "function", "comprehension"]
+    parent: _Scope | None = None
+    # Module and class scopes grow as statements run; function and comprehension scopes
+    # hold all their locals from the start, as Python decides them at compile time.
+    bound: set[str] = field(default_factory=set)
+    globals_: set[str] = field(default_factory=set)
+    nonlocals: set[str] = field(default_factory=set)
+    # Whether the code runs as the cell runs (module, class bodies), not when called later.
+    immediate: bool = True
+
+
+class _Bindings(ast.NodeVisitor):
+    """Collect the names a function body binds, without entering nested scopes."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.globals_: set[str] = set()
+        self.nonlocals: set[str] = set()
+        self._in_comprehension = False
+
+    def visit_Name(self, node: ast.Name) -> None:
+        # A Store inside a comprehension is its loop variable; walrus targets go via NamedExpr.
+        if not isinstance(node.ctx, ast.Load) and not self._in_comprehension:
+            self.names.add(node.id)
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        self.names.add(node.target.id)
+        self.visit(node.value)
+
+    def _visit_comprehension(self, node: ast.AST) -> None:
+        outer, self._in_comprehension = self._in_comprehension, True
+        self.generic_visit(node)
+        self._in_comprehension = outer
+
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = (
+        _visit_comprehension
+    )
+
+    def _visit_definition(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.names.add(node.name)
+        for expr in (*node.decorator_list, *node.args.defaults, *node.args.kw_defaults):
+            if expr is not None:
+                self.visit(expr)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _visit_definition
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        for expr in (*node.args.defaults, *node.args.kw_defaults):
+            if expr is not None:
+                self.visit(expr)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.names.add(node.name)
+        for expr in (
+            *node.decorator_list,
+            *node.bases,
+            *(k.value for k in node.keywords),
+        ):
+            self.visit(expr)
+
+    def visit_Global(self, node: ast.Global) -> None:
+        self.globals_.update(node.names)
+
+    def visit_Nonlocal(self, node: ast.Nonlocal) -> None:
+        self.nonlocals.update(node.names)
+
+    def visit_alias(self, node: ast.alias) -> None:
+        if node.name != "*":
+            self.names.add(node.asname or node.name.split(".")[0])
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        if node.name:
+            self.names.add(node.name)
+        self.generic_visit(node)
+
+    def _visit_pattern(
+        self, node: ast.MatchAs | ast.MatchStar | ast.MatchMapping
+    ) -> None:
+        name = node.rest if isinstance(node, ast.MatchMapping) else node.name
+        if name:
+            self.names.add(name)
+        self.generic_visit(node)
+
+    visit_MatchAs = visit_MatchStar = visit_MatchMapping = _visit_pattern
+
+
+class _Walker(ast.NodeVisitor):
+    """Walk a cell's statements in order, recording module-level reads and bindings."""
+
+    def __init__(self) -> None:
+        self.module = _Scope("module")
+        self.scope = self.module
+        self.inputs: dict[str, None] = {}
+        self.outputs: dict[str, None] = {}
+        # Method bodies wait until their class is bound, since they run only after that.
+        self.pending: list[tuple[_Scope, list[ast.stmt]]] = []
+
+    # -- name resolution -------------------------------------------------------------
+
+    def _is_global(self, name: str) -> bool:
+        scope: _Scope | None = self.scope
+        first = True
+        while scope is not None and scope.kind != "module":
+            # Class-level names are visible only to the class body itself, not to nested scopes.
+            if first or scope.kind != "class":
+                if name in scope.globals_:
+                    return True
+                if name in scope.bound:
+                    return False
+            scope, first = scope.parent, False
+        return True
+
+    def _load(self, name: str) -> None:
+        if self._is_global(name) and name not in self.module.bound:
+            self.inputs.setdefault(name)
+
+    def _store(self, name: str, scope: _Scope | None = None) -> None:
+        scope = scope or self.scope
+        if scope.kind == "module" or name in scope.globals_:
+            self.outputs.setdefault(name)
+            # A function may never be called, so its global stores leave later reads inputs.
+            if scope.immediate:
+                self.module.bound.add(name)
+        elif scope.kind == "class" and name not in scope.nonlocals:
+            scope.bound.add(name)
+
+    def _delete(self, name: str) -> None:
+        scope = self.scope
+        if scope.kind == "module" or name in scope.globals_:
+            self._load(name)  # it must exist to be deleted
+            if scope.immediate:
+                self.module.bound.discard(name)
+                self.outputs.pop(name, None)
+        elif scope.kind == "class":
+            scope.bound.discard(name)
+
+    def _mutate(self, target: ast.Attribute | ast.Subscript) -> None:
+        self.visit(target.value)
+        if isinstance(target, ast.Subscript):
+            self.visit(target.slice)
+        base: ast.expr = target
+        while isinstance(base, ast.Attribute | ast.Subscript):
+            base = base.value
+        if isinstance(base, ast.Name) and self._is_global(base.id):
+            self.outputs.setdefault(base.id)
+
+    def _target(self, node: ast.expr, delete: bool = False) -> None:
+        if isinstance(node, ast.Name):
+            if delete:
+                self._delete(node.id)
+            else:
+                self._store(node.id)
+        elif isinstance(node, ast.Tuple | ast.List):
+            for element in node.elts:
+                self._target(element, delete)
+        elif isinstance(node, ast.Starred):
+            self._target(node.value, delete)
+        elif isinstance(node, ast.Attribute | ast.Subscript):
+            self._mutate(node)
+        else:
+            self.visit(node)
+
+    def _walk(self, scope: _Scope, nodes: Sequence[ast.AST]) -> None:
+        outer, self.scope = self.scope, scope
+        for node in nodes:
+            self.visit(node)
+        self.scope = outer
+
+    def _branches(self, branches: Sequence[Sequence[ast.AST]]) -> None:
+        """Walk mutually exclusive branches, each seeing only the bindings made before it."""
+        scope = self.scope
+        before, added, removed = set(scope.bound), set[str](), set[str]()
+        for branch in branches:
+            if scope.kind in ("module", "class"):
+                scope.bound = set(before)
+            self._walk(scope, branch)
+            added |= scope.bound - before
+            removed |= before - scope.bound
+        if scope.kind in ("module", "class"):
+            scope.bound = (before - removed) | added
+
+    def _function_scope(self, args: ast.arguments, body: Sequence[ast.AST]) -> _Scope:
+        found = _Bindings()
+        for node in body:
+            found.visit(node)
+        params = [
+            *args.posonlyargs,
+            *args.args,
+            *args.kwonlyargs,
+            args.vararg,
+            args.kwarg,
+        ]
+        names = {arg.arg for arg in params if arg is not None} | found.names
+        bound = names - found.globals_ - found.nonlocals
+        return _Scope(
+            "function", self.scope, bound, found.globals_, found.nonlocals, False
+        )
+
+    # -- expressions -----------------------------------------------------------------
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self._load(node.id)
+        else:
+            self._target(node, delete=isinstance(node.ctx, ast.Del))
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        self.visit(node.value)
+        scope = self.scope
+        while scope.kind == "comprehension" and scope.parent is not None:
+            scope = scope.parent
+        self._store(node.target.id, scope)
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        for expr in (*node.args.defaults, *node.args.kw_defaults):
+            if expr is not None:
+                self.visit(expr)
+        self._walk(self._function_scope(node.args, [node.body]), [node.body])
+
+    def _visit_comprehension(
+        self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
+    ) -> None:
+        # The first iterable is evaluated in the enclosing scope, the rest in the new one.
+        self.visit(node.generators[0].iter)
+        names = {
+            name.id
+            for generator in node.generators
+            for name in ast.walk(generator.target)
+            if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store)
+        }
+        outer = self.scope
+        self.scope = _Scope("comprehension", outer, names, immediate=outer.immediate)
+        for index, generator in enumerate(node.generators):
+            if index:
+                self.visit(generator.iter)
+            self._target(generator.target)
+            for condition in generator.ifs:
+                self.visit(condition)
+        elements = (
+            [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+        )
+        for element in elements:
+            self.visit(element)
+        self.scope = outer
+
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = (
+        _visit_comprehension
+    )
+
+    # -- statements ------------------------------------------------------------------
+
+    def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        args = node.args
+        annotations = [
+            a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)
+        ]
+        annotations += [
+            a.annotation for a in (args.vararg, args.kwarg) if a is not None
+        ]
+        evaluated = [
+            *node.decorator_list,
+            *args.defaults,
+            *args.kw_defaults,
+            *annotations,
+        ]
+        for expr in (*evaluated, node.returns):
+            if expr is not None:
+                self.visit(expr)
+        # Bound before the body is walked, so that recursion does not make it an input.
+        self._store(node.name)
+        scope = self._function_scope(args, node.body)
+        if self.scope.kind == "class":
+            self.pending.append((scope, node.body))
+        else:
+            self._walk(scope, node.body)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _visit_function
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for expr in (
+            *node.decorator_list,
+            *node.bases,
+            *(k.value for k in node.keywords),
+        ):
+            self.visit(expr)
+        found = _Bindings()
+        for statement in node.body:
+            found.visit(statement)
+        scope = _Scope("class", self.scope, set(), found.globals_, found.nonlocals)
+        scope.immediate = self.scope.immediate
+        outer_pending, self.pending = self.pending, []
+        self._walk(scope, node.body)
+        self._store(node.name)
+        pending, self.pending = self.pending, outer_pending
+        if self.scope.kind == "class":
+            self.pending.extend(pending)
+        else:
+            for method_scope, body in pending:
+                self._walk(method_scope, body)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.visit(node.value)
+        for target in node.targets:
+            self._target(target)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if isinstance(node.target, ast.Name):
+            self._load(node.target.id)
+            self.visit(node.value)
+            self._store(node.target.id)
+        else:
+            self._target(node.target)
+            self.visit(node.value)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+            self._target(node.target)
+        elif not isinstance(node.target, ast.Name):
+            self.visit(node.target.value)
+        # Annotations of local variables are never evaluated; module and class ones are.
+        if self.scope.kind in ("module", "class"):
+            self.visit(node.annotation)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            self._target(target, delete=True)
+
+    def _visit_for(self, node: ast.For | ast.AsyncFor) -> None:
+        self.visit(node.iter)
+        self._target(node.target)
+        self._walk(self.scope, [*node.body, *node.orelse])
+
+    visit_For = visit_AsyncFor = _visit_for
+
+    def _visit_with(self, node: ast.With | ast.AsyncWith) -> None:
+        for item in node.items:
+            self.visit(item.context_expr)
+            if item.optional_vars is not None:
+                self._target(item.optional_vars)
+        self._walk(self.scope, node.body)
+
+    visit_With = visit_AsyncWith = _visit_with
+
+    def visit_If(self, node: ast.If) -> None:
+        self.visit(node.test)
+        self._branches([node.body, node.orelse])
+
+    def visit_Match(self, node: ast.Match) -> None:
+        self.visit(node.subject)
+        self._branches([*([case] for case in node.cases), []])
+
+    def visit_alias(self, node: ast.alias) -> None:
+        if node.name != "*":
+            self._store(node.asname or node.name.split(".")[0])
+
+    def _visit_declaration(self, node: ast.Global | ast.Nonlocal) -> None:
+        """Skip ``global`` and ``nonlocal``: they were collected with the scope's bindings."""
+
+    visit_Global = visit_Nonlocal = _visit_declaration
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        if node.type is not None:
+            self.visit(node.type)
+        if node.name is None:
+            self._walk(self.scope, node.body)
+            return
+        # Python deletes the name when the handler ends, so it is put back as it was.
+        scope, name = self.scope, node.name
+        was_bound, was_output = name in scope.bound, name in self.outputs
+        if scope.kind == "module":
+            scope.bound.add(name)
+        else:
+            self._store(name)
+        self._walk(scope, node.body)
+        if not was_bound and scope.kind in ("module", "class"):
+            scope.bound.discard(name)
+        if was_output:
+            self.outputs.setdefault(name)
+        else:
+            self.outputs.pop(name, None)
+
+    def _visit_pattern(
+        self, node: ast.MatchAs | ast.MatchStar | ast.MatchMapping
+    ) -> None:
+        self.generic_visit(node)
+        name = node.rest if isinstance(node, ast.MatchMapping) else node.name
+        if name:
+            self._store(name)
+
+    visit_MatchAs = visit_MatchStar = visit_MatchMapping = _visit_pattern

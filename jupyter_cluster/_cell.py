@@ -1,0 +1,250 @@
+"""A cell running on the cluster, as a future.
+
+:class:`RemoteCell` is what :meth:`Cluster.run_cell` returns: ``result()``,
+``cancel()``, ``done()``, ``status``, and the cell's output as it arrives. Events
+from the agent reach it on the link's thread; the notebook's thread either waits
+on :meth:`RemoteCell.events` (a cell that runs in the foreground, whose output then
+lands in the running cell) or lets callbacks route it (``--async``, whose output
+goes to the cell's own display area).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import queue
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from ._errors import AgentLostError, RemoteError, RequestError, remote_error
+from ._handles import ObjectHandle
+from ._inputs import ShippedInputs
+from .agent._execute import CellOutcome, CellSpec, OutputInfo
+
+if TYPE_CHECKING:
+    from ._cluster import Cluster
+
+
+@dataclass
+class RemoteRepr:
+    """The display of a last-expression value too large to bring back."""
+
+    bundle: dict[str, Any]
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return self.bundle
+
+    def __repr__(self) -> str:
+        return str(self.bundle.get("text/plain", "<remote value>"))
+
+
+@dataclass
+class CellResult:
+    """What a finished cell produced.
+
+    ``outputs`` maps each exported name to its value, or to an :class:`ObjectHandle`
+    for a value that stayed on the cluster; for a ``--map`` cell each is a list in
+    input order. ``value`` is the last expression's value (``has_value`` tells
+    whether there was one). ``warnings`` name outputs that could not come back.
+    """
+
+    outputs: dict[str, Any] = field(default_factory=dict)
+    value: Any = None
+    has_value: bool = False
+    warnings: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+    node: str = ""
+
+
+class RemoteCell:
+    """A ``%%remote`` cell submitted to the cluster."""
+
+    def __init__(self, cluster: Cluster, spec: CellSpec, mode: str, shipped: ShippedInputs, label: str,
+                 where: str, pending_handles: bool) -> None:
+        self.cluster = cluster
+        self.spec = spec
+        self.mode = mode
+        self.label = label
+        self.where = where
+        self.status = "queued"
+        self.submitted = time.time()
+        self.progress = (0, 0)
+        self.stdout = ""
+        self.stderr = ""
+        self._shipped = shipped
+        self._future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
+        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._listeners: list[Callable[[str, Any], None]] = []
+        self.handles: dict[str, ObjectHandle] = {}
+        if pending_handles:
+            for name in spec.outputs:
+                self.handles[name] = ObjectHandle(
+                    f"{spec.cell_id}/{name}", release=cluster._release, name=name, pending=True
+                )
+
+    @property
+    def cell_id(self) -> str:
+        return self.spec.cell_id
+
+    # ------------------------------------------------------------ future API
+    def result(self, timeout: float | None = None) -> CellResult:
+        """Wait for the cell; return its :class:`CellResult` or raise its error."""
+        return self._future.result(timeout)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def cancel(self) -> bool:
+        """Ask the cluster to stop the cell (interrupt, then kill a task that ignores it)."""
+        if self.done():
+            return False
+        self.cluster._link.request("cancel", {"cell_id": self.cell_id})
+        return True
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._future.exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[RemoteCell], None]) -> None:
+        self._future.add_done_callback(lambda _: fn(self))
+
+    def subscribe(self, listener: Callable[[str, Any], None]) -> None:
+        """Call ``listener(event, data)`` for each event from now on (link thread)."""
+        self._listeners.append(listener)
+
+    def events(self, poll: float = 0.1) -> Iterator[tuple[str, Any]]:
+        """Yield ``(event, data)`` in the calling thread until the cell is finished."""
+        while True:
+            try:
+                event = self._events.get(timeout=poll)
+            except queue.Empty:
+                if self._future.done() and self._events.empty():
+                    return
+                continue
+            yield event
+            if event[0] == "finished":
+                return
+
+    def __repr__(self) -> str:
+        return f"<RemoteCell {self.label} {self.mode} {self.status}>"
+
+    # ---------------------------------------------------------------- events
+    def _on_event(self, event: str, data: Any) -> None:
+        if event == "started":
+            self.status = "running"
+            self.cluster._ledger.accepted(self._shipped)
+        elif event == "stream":
+            for kind, text in data:
+                if kind == "stdout":
+                    self.stdout += text
+                elif kind == "stderr":
+                    self.stderr += text
+        elif event == "progress":
+            self.progress = (data["done"], data["total"])
+        elif event == "done":
+            self._finish(data)
+        elif event in ("error", "lost"):
+            error = data if isinstance(data, BaseException) else RequestError(data.get("message", "failed"), data)
+            self._fail(error)
+        self._events.put((event, data))
+        for listener in self._listeners:
+            listener(event, data)
+        if self.done():
+            self._events.put(("finished", None))
+
+    def _fail(self, error: BaseException) -> None:
+        self.status = "cancelled" if isinstance(error, KeyboardInterrupt) else "failed"
+        for handle in self.handles.values():
+            handle._fail(error)
+        if not self._future.done():
+            self._future.set_exception(error)
+
+    def _finish(self, data: dict[str, Any]) -> None:
+        handles: dict[str, str] = data.get("handles", {})
+        if "items" in data:
+            outcomes: list[CellOutcome] = data["items"]
+        else:
+            outcomes = [data["outcome"]]
+        failure = next((o.failure for o in outcomes if o.failure is not None), None)
+        if failure is not None:
+            self.cluster._release_many(handles.values())
+            if failure.interrupted and "--timeout" not in failure.message:
+                self._fail(KeyboardInterrupt(failure.message))
+            else:
+                self._fail(remote_error(failure, self.spec.source, self.cell_id, self.label, self.where))
+            return
+        result = CellResult(elapsed=time.time() - self.submitted, node=outcomes[0].node if outcomes else "")
+        try:
+            per_item = [self._outputs(o, result) for o in outcomes]
+        except Exception as exc:  # an output this kernel cannot unpickle
+            self._fail(exc)
+            return
+        if self.spec.map_name is not None:
+            for name in self.spec.outputs:
+                result.outputs[name] = [item.get(name) for item in per_item]
+            values = [self._value(o.value) for o in outcomes]
+            result.has_value = self.spec.display_last and any(v is not None for v in values)
+            result.value = values if result.has_value else None
+        else:
+            result.outputs = per_item[0] if per_item else {}
+            result.value = self._value(outcomes[0].value)
+            result.has_value = outcomes[0].value is not None
+        for name, handle in self.handles.items():
+            if name not in result.outputs:
+                handle._fail(NameError(f"the cell did not assign `{name}`"))
+            elif isinstance(result.outputs[name], ObjectHandle):
+                handle._resolve(result.outputs[name].meta)
+            else:
+                handle._resolve(value=result.outputs[name], has_value=True)
+        # The agent holds every output for cells that depend on it; let go of those
+        # that came back and that no pending handle still names.
+        keep = {h.id for h in self.handles.values()}
+        for value in result.outputs.values():
+            items = value if isinstance(value, list) and self.spec.map_name else [value]
+            keep.update(v.id for v in items if isinstance(v, ObjectHandle))
+        self.cluster._release_many(h for h in handles.values() if h not in keep)
+        self.status = "done"
+        self._future.set_result(result)
+
+    def _outputs(self, outcome: CellOutcome, result: CellResult) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name, info in outcome.outputs.items():
+            if info.kind == "inline":
+                values[name] = cloudpickle.loads(info.data)
+            elif info.kind == "remote":
+                pending = self.handles.get(name) if self.spec.map_name is None else None
+                if pending is not None:  # the same handle the notebook already holds
+                    pending.meta.update(info.meta)
+                    values[name] = pending
+                    continue
+                handle_id = info.meta.get("handle") or f"{self.cell_id}/{name}"
+                values[name] = ObjectHandle(handle_id, info.meta, release=self.cluster._release, name=name)
+            elif info.kind == "module":
+                try:
+                    values[name] = importlib.import_module(info.meta["module"])
+                except ImportError:
+                    result.warnings.append(
+                        f"`{name}` is the module {info.meta['module']}, which this kernel cannot import"
+                    )
+            elif info.kind == "unpicklable":
+                result.warnings.append(
+                    f"`{name}` ({info.meta.get('type')}) cannot leave the cluster ({info.meta.get('error')}); "
+                    "it was not brought back. Keep it remote with `%%remote --actor NAME`."
+                )
+        return values
+
+    @staticmethod
+    def _value(info: OutputInfo | None) -> Any:
+        if info is None:
+            return None
+        if info.kind == "inline":
+            return cloudpickle.loads(info.data)
+        if info.kind == "repr":
+            return RemoteRepr(info.meta["bundle"])
+        return None
+
+
+__all__ = ["AgentLostError", "CellResult", "RemoteCell", "RemoteError", "RemoteRepr"]

@@ -1,0 +1,361 @@
+"""The Python API: a :class:`Cluster` the notebook is attached to.
+
+Every magic is a thin layer over this module. ``jc.local()`` starts the embedded
+cluster and attaches to it; ``Cluster.run_cell`` runs cell source remotely; the
+notebook-side mirror of Ray's core API (``submit``, ``map``, ``put``, ``get``,
+``wait``) works on :class:`ObjectHandle` objects. The kernel never imports ``ray``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import platform
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from ._analysis import analyse_cell
+from ._cell import RemoteCell
+from ._errors import AgentLostError, InputError
+from ._handles import ObjectHandle, format_size, parse_size
+from ._inputs import InputLedger, pickle_value
+from ._link import AgentLink, UnixTransport
+from ._local import EmbeddedAgent
+from .agent._execute import CellSpec
+
+#: Outputs larger than this stay on the cluster behind a handle.
+DEFAULT_THRESHOLD = 1 << 20
+MODES = ("task", "actor", "driver", "map")
+
+_current: Cluster | None = None
+_lock = threading.Lock()
+
+
+def python_mismatch(kernel: str, head: str) -> str | None:
+    """Explain a Python version mismatch between kernel and head, or None.
+
+    >>> python_mismatch("3.11.7", "3.11.2") is None
+    True
+    >>> "3.12" in python_mismatch("3.11.7", "3.12.1")
+    True
+    """
+    if kernel.split(".")[:2] == head.split(".")[:2]:
+        return None
+    return (
+        f"the notebook runs Python {kernel} and the cluster Python {head}: Python code "
+        "(functions and classes defined in the notebook) cannot travel between different "
+        "minor versions."
+    )
+
+
+@dataclass
+class ClusterStatus:
+    """A snapshot of the cluster, as ``%cluster status`` shows it."""
+
+    data: dict[str, Any]
+    kind: str
+
+    def __str__(self) -> str:
+        data = self.data
+        lines = [f"{self.kind} Ray {data['ray']} cluster, {len(data['nodes'])} node(s)"]
+        for node in data["nodes"]:
+            res = node["resources"]
+            head = " (head)" if node["head"] else ""
+            store = format_size(res.get("object_store_memory", 0))
+            lines.append(
+                f"  {node['address']}{head}: {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU, "
+                f"memory {format_size(res.get('memory', 0))}, object store {store}"
+            )
+        avail = data["available"]
+        lines.append(f"  available: {avail.get('CPU', 0):g} CPU, {avail.get('GPU', 0):g} GPU")
+        lines.append(f"  objects held for this notebook: {data['objects']}")
+        cells = data["cells"]
+        lines.append(f"  running cells: {len(cells)}")
+        for cell in cells:
+            progress = f" {cell['done']}/{cell['total']}" if cell["mode"] == "map" else ""
+            lines.append(f"    {cell['cell_id']} ({cell['mode']}{progress}, {cell['elapsed']:.1f} s)")
+        lines.append(f"  actors: {len(data['actors'])}")
+        for name, actor in data["actors"].items():
+            detail = actor.get("error") or f"on {actor.get('node')}, names: {', '.join(actor.get('names', [])) or '-'}"
+            lines.append(f"    {name}: {detail}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+
+class Cluster:
+    """A Ray cluster this notebook is attached to.
+
+    Use :func:`local` (or ``%cluster local``) to get one rather than building it.
+
+    >>> cluster = jc.local(cpus=2)                     # doctest: +SKIP
+    >>> cluster.run_cell("x = 6 * 7").result().outputs  # doctest: +SKIP
+    {'x': 42}
+    """
+
+    def __init__(self, link: AgentLink, *, kind: str, agent: EmbeddedAgent | None = None,
+                 threshold: int = DEFAULT_THRESHOLD) -> None:
+        self._link = link
+        self._agent = agent
+        self._ledger = InputLedger()
+        self._counter = itertools.count(1)
+        self._to_release: set[str] = set()
+        self._release_lock = threading.Lock()
+        self.kind = kind
+        self.threshold = threshold
+        self.cells: dict[str, RemoteCell] = {}
+        welcome = link.welcome
+        self.python = str(welcome.get("python", ""))
+        self.ray_version = str(welcome.get("ray", ""))
+        self.mismatch = python_mismatch(platform.python_version(), self.python)
+        if self.mismatch:
+            self._ledger.code_ok = False
+            self._ledger.code_reason = self.mismatch
+
+    @property
+    def alive(self) -> bool:
+        return not self._link.closed
+
+    def __repr__(self) -> str:
+        state = "attached" if self.alive else "detached"
+        return f"<Cluster {self.kind} Python {self.python} Ray {self.ray_version} {state}>"
+
+    # ----------------------------------------------------------------- cells
+    def run_cell(
+        self,
+        source: str,
+        *,
+        namespace: dict[str, Any] | None = None,
+        hidden: Iterable[str] = (),
+        mode: str = "task",
+        actor: str | None = None,
+        map_over: tuple[str, Iterable[Any]] | None = None,
+        out: Sequence[str] | None = None,
+        cpus: float | None = None,
+        gpus: float | None = None,
+        memory: int | str | None = None,
+        resources: dict[str, float] | None = None,
+        retries: int | None = None,
+        timeout: float | None = None,
+        pending_handles: bool = False,
+        label: str | None = None,
+    ) -> RemoteCell:
+        """Run ``source`` on the cluster; return the running :class:`RemoteCell`.
+
+        Parameters
+        ----------
+        source
+            The cell's Python code.
+        namespace
+            Where inputs are read from (the notebook's namespace by default).
+        mode
+            ``"task"`` (a Ray task), ``"actor"`` (in the named ``actor``), ``"driver"``
+            (the agent's own namespace) or ``"map"`` (once per item of ``map_over``).
+        out
+            The names to bring back (default: every assigned name, none for actors).
+        cpus, gpus, memory, resources, retries, timeout
+            As Ray's task options; ``timeout`` cancels the cell after that many seconds.
+        pending_handles
+            Make pending handles for the outputs (``--async``), in ``RemoteCell.handles``.
+
+        Examples
+        --------
+        >>> cell = jc.current().run_cell("y = x + 1", namespace={"x": 1})  # doctest: +SKIP
+        >>> cell.result().outputs                                          # doctest: +SKIP
+        {'y': 2}
+        """
+        if self._link.closed:
+            raise AgentLostError(self._link.lost or "the cluster was shut down")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        if mode == "actor" and not actor:
+            raise ValueError("an actor cell needs the actor's name (--actor NAME)")
+        options = self._options(cpus, gpus, memory, resources, retries, timeout)
+        if actor:
+            options["actor"] = actor
+        analysis = analyse_cell(source)
+        namespace = {} if namespace is None else namespace
+        skip = set(hidden) | {"display"}
+        map_name = None
+        items: list[Any] = []
+        if mode == "map":
+            if map_over is None:
+                raise ValueError("a map cell needs map_over=(name, items)")
+            map_name, iterable = map_over
+            items = list(iterable)
+            if not items:
+                raise ValueError(f"--map {map_name}: there are no items to map over")
+            skip.add(map_name)
+        names = [n for n in analysis.inputs if n in namespace and n not in skip]
+        shipped = self._ledger.prepare(names, namespace)
+        if out is not None:
+            outputs = tuple(out)
+        elif mode == "actor":
+            outputs = ()
+        else:
+            outputs = tuple(n for n in analysis.outputs if n != map_name)
+        cell_id = f"{self._link.session}-c{next(self._counter)}"
+        spec = CellSpec(cell_id=cell_id, source=source, inputs=shipped.names, modules=shipped.modules,
+                        outputs=outputs, display_last=analysis.displays_last, threshold=self.threshold,
+                        map_name=map_name)
+        body: dict[str, Any] = {"spec": spec, "mode": mode, "options": options, "inputs": shipped.entries}
+        if mode == "map":
+            body["items"] = pickle_value(f"the --map items of {map_name}", items)
+        where = {"task": "task", "actor": f"actor {actor}", "driver": "driver", "map": "map"}[mode]
+        cell = RemoteCell(self, spec, mode, shipped, label or f"remote cell {cell_id}", where, pending_handles)
+        self.cells[cell_id] = cell
+        cell.add_done_callback(lambda c: self.cells.pop(c.cell_id, None))
+        self._link.request("run_cell", body, cell._on_event)
+        return cell
+
+    @staticmethod
+    def _options(cpus: float | None, gpus: float | None, memory: int | str | None,
+                 resources: dict[str, float] | None, retries: int | None, timeout: float | None) -> dict[str, Any]:
+        for name, value in (("cpus", cpus), ("gpus", gpus), ("retries", retries), ("timeout", timeout)):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must not be negative (got {value})")
+        if timeout is not None and timeout == 0:
+            raise ValueError("timeout must be positive (seconds)")
+        if resources is not None and not (
+            isinstance(resources, dict) and all(isinstance(v, (int, float)) for v in resources.values())
+        ):
+            raise ValueError('resources must map names to amounts, e.g. {"accelerator": 1}')
+        return {
+            "cpus": cpus,
+            "gpus": gpus,
+            "memory": parse_size(memory) if memory is not None else None,
+            "resources": resources,
+            "retries": retries,
+            "timeout": timeout,
+        }
+
+    # --------------------------------------------------------------- objects
+    def submit(self, fn: Callable[..., Any], *args: Any, cpus: float | None = None, gpus: float | None = None,
+               memory: int | str | None = None, resources: dict[str, float] | None = None) -> ObjectHandle:
+        """Call ``fn(*args)`` as a Ray task; return a handle to its (future) result.
+
+        Handles among ``args`` are passed as Ray dependencies: nothing is fetched.
+
+        >>> h = jc.submit(pow, 2, 10)   # doctest: +SKIP
+        >>> jc.get(h)                   # doctest: +SKIP
+        1024
+        """
+        values = {"fn": fn, **{f"arg{i}": a for i, a in enumerate(args)}}
+        # A fresh ledger: submitted arguments are sent as they are, never by name.
+        shipped = InputLedger().prepare(list(values), values)
+        if shipped.modules:
+            raise InputError("pass modules to submit() by importing them inside the function")
+        entries = shipped.entries
+        options = self._options(cpus, gpus, memory, resources, None, None)
+        handle_id = self._link.call("submit", {"inputs": entries, "options": options})
+        return ObjectHandle(handle_id, {"type": getattr(fn, "__name__", "result")}, release=self._release)
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], cpus: float | None = None,
+            gpus: float | None = None) -> list[ObjectHandle]:
+        """``[submit(fn, *args) for args in zip(*iterables)]``."""
+        return [self.submit(fn, *args, cpus=cpus, gpus=gpus) for args in zip(*iterables, strict=False)]
+
+    def put(self, value: Any) -> ObjectHandle:
+        """Store ``value`` in the cluster's object store; return its handle."""
+        blob = pickle_value("the value given to put()", value)
+        handle_id, meta = self._link.call("put", {"value": blob}, timeout=None)
+        return ObjectHandle(handle_id, meta, release=self._release)
+
+    def get(self, handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = None) -> Any:
+        """Fetch a handle's value (or a list of them) into the notebook."""
+        if isinstance(handle, (list, tuple)):
+            return [self.get(h, timeout) for h in handle]
+        if not isinstance(handle, ObjectHandle):
+            return handle  # already a value: what a resolved small output is
+        handle.wait(timeout)
+        if handle.has_local_value:
+            return handle.local_value
+        blob = self._link.call("get", {"handle": handle.id}, timeout=timeout)
+        return cloudpickle.loads(blob)
+
+    def wait(self, handles: Sequence[ObjectHandle], num_returns: int = 1,
+             timeout: float | None = None) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
+        """Like ``ray.wait``: ``(ready, not_ready)`` once ``num_returns`` are ready."""
+        if not 0 < num_returns <= len(handles):
+            raise ValueError(f"num_returns must be between 1 and {len(handles)} (got {num_returns})")
+        ids = [h.id for h in handles]
+        answer_timeout = None if timeout is None else timeout + 30
+        ready_ids = set(self._link.call("wait", {"handles": ids, "num_returns": num_returns,
+                                                 "timeout": timeout}, timeout=answer_timeout))
+        ready = [h for h in handles if h.id in ready_ids]
+        return ready, [h for h in handles if h.id not in ready_ids]
+
+    def _release(self, handle_id: str) -> None:
+        with self._release_lock:
+            first = not self._to_release
+            self._to_release.add(handle_id)
+        if first and not self._link.closed:
+            self._link._thread.loop.call_soon_threadsafe(self._link._thread.loop.call_later, 0.5, self._flush_releases)
+
+    def _release_many(self, handle_ids: Iterable[str]) -> None:
+        for handle_id in handle_ids:
+            self._release(handle_id)
+
+    def _flush_releases(self) -> None:
+        with self._release_lock:
+            ids, self._to_release = sorted(self._to_release), set()
+        if ids and not self._link.closed:
+            self._link.request("release", {"handles": ids})
+
+    # --------------------------------------------------------------- cluster
+    def status(self) -> ClusterStatus:
+        """Nodes, resources, running cells and actors."""
+        return ClusterStatus(self._link.call("status"), self.kind)
+
+    def cancel_all(self) -> None:
+        for cell in list(self.cells.values()):
+            cell.cancel()
+
+    def down(self) -> None:
+        """Stop what this cluster started (the embedded agent and its Ray)."""
+        global _current
+        if not self._link.closed:
+            try:
+                self._link.call("shutdown", timeout=30)
+            except Exception:  # already gone: the process check below settles it
+                pass
+        self._link.close()
+        if self._agent is not None:
+            self._agent.stop()
+        with _lock:
+            if _current is self:
+                _current = None
+
+
+def current() -> Cluster | None:
+    """The cluster this notebook is attached to, or None."""
+    cluster = _current
+    return cluster if cluster is not None and cluster.alive else None
+
+
+def local(cpus: float | None = None, gpus: float | None = None, object_store: int | str | None = None) -> Cluster:
+    """Start the embedded local cluster (the agent as a child process) and attach to it.
+
+    If one is already attached, it is returned as it is.
+
+    >>> cluster = jc.local(cpus=2)   # doctest: +SKIP
+    """
+    global _current
+    with _lock:
+        if _current is not None and _current.alive:
+            return _current
+        store = parse_size(object_store) if object_store is not None else None
+        agent = EmbeddedAgent(cpus, gpus, store)
+        link = AgentLink(UnixTransport(agent.socket, agent.exit_reason), agent.secret, uuid.uuid4().hex[:8])
+        try:
+            link.connect()
+        except BaseException:
+            agent.stop()
+            raise
+        _current = Cluster(link, kind="embedded local", agent=agent)
+        return _current

@@ -1,0 +1,166 @@
+"""Errors the notebook sees, and how a remote traceback is shown.
+
+A cell that fails on the cluster raises a :class:`RemoteError` in the notebook. Its
+class is made on the fly to also derive from the original exception's class (as Ray's
+``RayTaskError`` does), so ``except ZeroDivisionError`` still works; IPython renders
+it through ``_render_traceback_`` with the cell's own lines and numbers, and without
+the frames of this package or of Ray.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import linecache
+from typing import Any
+
+from .agent._execute import RemoteFailure, cell_filename
+
+RED, GREEN, CYAN, BOLD, RESET = "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[1m", "\x1b[0m"
+
+
+class ClusterError(Exception):
+    """Base of this package's own errors."""
+
+    def _render_traceback_(self) -> list[str]:
+        # What went wrong and what to do; the frames inside this package help no one.
+        return [f"{RED}{type(self).__name__}{RESET}: {self}"]
+
+
+class ClusterConnectionError(ClusterError, ConnectionError):
+    """The agent could not be reached, or refused the session."""
+
+
+class AgentLostError(ClusterConnectionError):
+    """The agent is gone (its process exited, or it could not be reached again)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"the cluster's agent is gone: {reason}. The notebook's variables are intact; "
+            "`%cluster local` (or `jc.local()`) starts a new embedded cluster."
+        )
+        self.reason = reason
+
+
+class RequestError(ClusterError):
+    """The agent refused or failed a request; the message says why."""
+
+    def __init__(self, message: str, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail or {}
+
+
+class InputError(ClusterError, ValueError):
+    """A cell's input cannot be sent to the cluster."""
+
+
+class RemoteError(ClusterError):
+    """An exception raised by a cell on the cluster.
+
+    Attributes
+    ----------
+    failure
+        The remote exception's type, message and frames.
+    label
+        How the cell is named in the traceback (``"Cell In[5]"``).
+    where
+        Where it ran (``"task on 10.0.0.2"``).
+    """
+
+    failure: RemoteFailure
+    label: str
+    where: str
+    source: str
+    cell_id: str
+
+    def __str__(self) -> str:
+        return self.failure.message
+
+    def _render_traceback_(self) -> list[str]:
+        return render_traceback(self)
+
+
+class CellTimeoutError(RemoteError, TimeoutError):
+    """A cell ran past its ``--timeout`` and was cancelled."""
+
+
+_classes: dict[type, type] = {}
+
+
+def _original_class(failure: RemoteFailure) -> type[BaseException] | None:
+    try:
+        module = builtins if failure.module == "builtins" else importlib.import_module(failure.module)
+        cls = module
+        for part in failure.type_name.split("."):
+            cls = getattr(cls, part)
+    except Exception:  # not importable here: a plain RemoteError will do
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, Exception) else None
+
+
+def remote_error(failure: RemoteFailure, source: str, cell_id: str, label: str, where: str) -> RemoteError:
+    """The exception to raise in the notebook for ``failure``."""
+    base: type[RemoteError] = RemoteError
+    if "--timeout" in failure.message and failure.interrupted:
+        base = CellTimeoutError
+    original = _original_class(failure)
+    cls: type[RemoteError] = base
+    if original is not None and not issubclass(base, original):
+        cls = _classes.get(original)  # type: ignore[assignment]
+        if cls is None:
+            try:
+                cls = type(original.__name__, (base, original), {"__module__": original.__module__})
+            except TypeError:  # an incompatible layout (some C exceptions)
+                cls = base
+            _classes[original] = cls
+    error = cls.__new__(cls)
+    Exception.__init__(error, failure.message)
+    error.failure, error.source, error.cell_id, error.label, error.where = failure, source, cell_id, label, where
+    return error
+
+
+def _frame_label(filename: str, error: RemoteError) -> tuple[str, list[str]]:
+    if filename == cell_filename(error.cell_id):
+        return f"{error.label} on the cluster ({error.where})", error.source.splitlines()
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            kind, name = shell.compile.format_code_name(filename) or (None, None)
+            if kind:
+                return f"{kind} {name}", linecache.getlines(filename)
+    except Exception:
+        pass
+    return f"File {filename}", linecache.getlines(filename)
+
+
+def render_traceback(error: RemoteError, context: int = 2) -> list[str]:
+    """IPython-style traceback lines for a remote failure (ANSI colours included)."""
+    failure = error.failure
+    title = failure.type_name
+    lines = [f"{RED}{'-' * 75}{RESET}", f"{RED}{title}{RESET}".ljust(len(RED) + len(RESET) + 42) + "Traceback (most recent call last)"]
+    for filename, lineno, name, text in failure.frames:
+        label, source = _frame_label(filename, error)
+        where = f"{CYAN}{label}{RESET}, line {lineno}" + (f", in {name}" if name != "<module>" else "")
+        block = [where]
+        if source and 0 < lineno <= len(source):
+            for number in range(max(1, lineno - context), min(len(source), lineno + context) + 1):
+                code = source[number - 1].rstrip("\n")
+                if number == lineno:
+                    block.append(f"{GREEN}----> {number:<3}{RESET}{code}")
+                else:
+                    block.append(f"      {number:<3}{code}")
+        elif text:
+            block.append(f"{GREEN}----> {lineno:<3}{RESET}{text}")
+        lines.append("\n".join(block) + "\n")
+    lines.append(f"{RED}{title}{RESET}: {failure.message}")
+    return lines
+
+
+def plain(lines: list[str]) -> str:
+    """Traceback lines without ANSI colours (for logs and tests)."""
+    text = "\n".join(lines)
+    for code in (RED, GREEN, CYAN, BOLD, RESET):
+        text = text.replace(code, "")
+    return text

@@ -1,0 +1,125 @@
+"""Handles: the notebook's names for values that stay on the cluster.
+
+An :class:`ObjectHandle` stands for an object in Ray's object store: a large cell
+output, a ``jc.put``, a ``jc.submit`` result, or an ``--async`` output not computed
+yet (a *pending* handle, which resolves in place). A later ``%%remote`` cell that
+reads a handle gets the object straight from the object store, and Ray waits for a
+pending one as a task dependency. When the last reference to a handle goes, the
+agent is told to let go of the object.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str | int | float) -> int:
+    """Bytes in a size such as ``"2GiB"``, ``"500 MB"``, ``"1e9"`` or ``4096``.
+
+    >>> parse_size("1.5 GiB")
+    1610612736
+    """
+    if isinstance(text, (int, float)):
+        return int(text)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a size: write e.g. 512MiB, 2GB or 1e9 (bytes)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(nbytes: float) -> str:
+    """``7.6 MiB`` for 8_000_000."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+class ObjectHandle:
+    """A value held in the cluster's object store.
+
+    >>> big                                            # doctest: +SKIP
+    <remote ndarray float64 (2000, 1000) 15.3 MiB on 10.0.0.2>
+    >>> jc.get(big).shape                              # doctest: +SKIP
+    (2000, 1000)
+    """
+
+    def __init__(self, handle_id: str, meta: dict[str, Any] | None = None, *, release: Callable[[str], None] | None = None,
+                 name: str = "", pending: bool = False) -> None:
+        self.id = handle_id
+        self.meta = dict(meta or {})
+        self.name = name
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._value: Any = _NOTHING
+        if not pending:
+            self._ready.set()
+        if release is not None:
+            weakref.finalize(self, release, handle_id)
+
+    @property
+    def pending(self) -> bool:
+        """True until the cell that computes it has finished."""
+        return not self._ready.is_set()
+
+    def _resolve(self, meta: dict[str, Any] | None = None, value: Any = None, has_value: bool = False) -> None:
+        if meta:
+            self.meta.update(meta)
+        if has_value:
+            self._value = value
+        self._ready.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._ready.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until resolved; re-raise the computing cell's failure."""
+        done = self._ready.wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return done
+
+    @property
+    def local_value(self) -> Any:
+        """The value, if it already came back to the notebook (small outputs)."""
+        return None if self._value is _NOTHING else self._value
+
+    @property
+    def has_local_value(self) -> bool:
+        return self._value is not _NOTHING
+
+    def __repr__(self) -> str:
+        if self._error is not None:
+            return f"<remote `{self.name}`: failed ({type(self._error).__name__})>"
+        if self.pending:
+            label = f" `{self.name}`" if self.name else ""
+            return f"<pending remote value{label} of cell {self.id.split('/')[0]}>"
+        meta = self.meta
+        parts = [meta.get("type", "object").rsplit(".", 1)[-1]]
+        if "dtype" in meta:
+            parts.append(str(meta["dtype"]))
+        if "shape" in meta:
+            parts.append(str(tuple(meta["shape"])))
+        elif "len" in meta:
+            parts.append(f"len={meta['len']}")
+        if "nbytes" in meta:
+            parts.append(format_size(meta["nbytes"]))
+        where = f" on {meta['node']}" if meta.get("node") else ""
+        return f"<remote {' '.join(parts)}{where}>"
+
+
+class _Nothing:
+    pass
+
+
+_NOTHING = _Nothing()

@@ -1,0 +1,96 @@
+"""Shipping a cell's inputs: by name, by handle, by value, or not at all.
+
+Modules travel by name and handles by id. Everything else is pickled with
+cloudpickle (notebook functions and classes by value) and hashed; a name whose
+content hash the agent already holds is sent as that hash alone, so a large value
+read by ten cells crosses the link once. A value that cannot be pickled is refused
+before anything is sent, naming the variable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from ._errors import InputError
+from ._handles import ObjectHandle
+
+#: Markers of code objects in a cloudpickle stream: functions or classes by value.
+_CODE_MARKERS = (b"_make_function", b"_make_skeleton_class", b"_make_code", b"_builtin_type")
+
+
+@dataclass
+class ShippedInputs:
+    """A cell's inputs, ready for the agent."""
+
+    names: tuple[str, ...] = ()
+    entries: list[tuple[str, str, Any]] = field(default_factory=list)
+    modules: dict[str, str] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)
+    sent_bytes: int = 0
+
+
+def pickle_value(name: str, value: Any) -> bytes:
+    """cloudpickle ``value``, or raise :class:`InputError` naming ``name``."""
+    try:
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        kind = type(value).__qualname__
+        raise InputError(
+            f"cannot send `{name}` (a {kind}) to the cluster: {type(exc).__name__}: {exc}. "
+            f"Create it inside the remote cell instead, or keep it on the cluster with "
+            f"`%%remote --actor NAME`. Nothing was sent."
+        ) from None
+
+
+class InputLedger:
+    """What the agent holds for each input name, so unchanged values are not re-sent."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}
+        self.code_ok = True
+        self.code_reason = ""
+
+    def prepare(self, names: list[str], namespace: dict[str, Any]) -> ShippedInputs:
+        shipped = ShippedInputs()
+        order = []
+        for name in names:
+            value = namespace[name]
+            if isinstance(value, types.ModuleType):
+                shipped.modules[name] = value.__name__
+                continue
+            order.append(name)
+            if isinstance(value, ObjectHandle):
+                if value.has_local_value:
+                    value = value.local_value  # resolved small output: send the value
+                else:
+                    shipped.entries.append((name, "handle", value.id))
+                    continue
+            blob = pickle_value(name, value)
+            if not self.code_ok and any(marker in blob for marker in _CODE_MARKERS):
+                raise InputError(
+                    f"cannot send `{name}`: it carries Python code (a function or class defined "
+                    f"in the notebook), and {self.code_reason} Data-only inputs still work; "
+                    "define the function inside the remote cell, or match the Python versions."
+                )
+            digest = hashlib.blake2b(blob, digest_size=16).hexdigest()
+            shipped.digests[name] = digest
+            if self.held.get(name) == digest:
+                shipped.entries.append((name, "cached", digest))
+            else:
+                shipped.entries.append((name, "value", (digest, blob)))
+                shipped.sent_bytes += len(blob)
+        shipped.names = tuple(order)
+        return shipped
+
+    def accepted(self, shipped: ShippedInputs) -> None:
+        """The agent now holds these digests (it resolved the cell's inputs)."""
+        self.held.update(shipped.digests)
+
+    def forget(self) -> None:
+        self.held.clear()

@@ -1,0 +1,94 @@
+"""The embedded cluster: the agent as a child process of the kernel, with its own Ray.
+
+The child serves its socket in a fresh 0700 temporary folder, gets the session
+secret through its environment (never its command line), and exits when the kernel
+does. Its first line on stdout says it is ready; the rest goes to its log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+from ._errors import ClusterConnectionError
+
+START_TIMEOUT = 180.0
+
+
+class EmbeddedAgent:
+    """A running local agent process."""
+
+    def __init__(self, cpus: float | None = None, gpus: float | None = None, object_store: int | None = None) -> None:
+        self.folder = tempfile.mkdtemp(prefix="jupyter-cluster-")
+        os.chmod(self.folder, 0o700)
+        self.socket = os.path.join(self.folder, "agent.sock")
+        self.log = os.path.join(self.folder, "agent.log")
+        self.secret = secrets.token_hex(32)
+        command = [sys.executable, "-m", "jupyter_cluster.agent", "--socket", self.socket, "--local",
+                   "--parent-pid", str(os.getpid()), "--log", self.log]
+        if cpus is not None:
+            command += ["--num-cpus", str(cpus)]
+        if gpus is not None:
+            command += ["--num-gpus", str(gpus)]
+        if object_store is not None:
+            command += ["--object-store-memory", str(object_store)]
+        env = {**os.environ, "JUPYTER_CLUSTER_SECRET": self.secret}
+        # The kernel's inline matplotlib backend means nothing to a headless worker.
+        env.pop("MPLBACKEND", None)
+        with open(self.log, "ab") as stderr:
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                                            env=env, start_new_session=True)
+        self.ready = self._wait_ready()
+        threading.Thread(target=self._drain, daemon=True, name="jupyter-cluster-agent-stdout").start()
+
+    def _wait_ready(self) -> dict[str, object]:
+        result: list[bytes] = []
+        reader = threading.Thread(target=lambda: result.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(START_TIMEOUT)
+        line = result[0] if result else b""
+        try:
+            ready = json.loads(line) if line else {}
+        except ValueError:
+            ready = {}
+        if not ready.get("ready"):
+            self.stop()
+            detail = ready.get("error") or self.tail_log()
+            raise ClusterConnectionError(f"the embedded cluster did not start: {detail}")
+        return ready
+
+    def _drain(self) -> None:
+        assert self.process.stdout is not None
+        with open(self.log, "ab") as log:
+            for line in self.process.stdout:
+                log.write(line)
+
+    def tail_log(self, lines: int = 20) -> str:
+        try:
+            with open(self.log, errors="replace") as log:
+                return "".join(log.readlines()[-lines:]).strip() or "(its log is empty)"
+        except OSError:
+            return "(no log)"
+
+    def exit_reason(self) -> str | None:
+        """Why the agent is gone, or None while its process runs."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        return f"the embedded agent process exited with code {code}"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,269 @@
+"""``%cluster`` and ``%%remote``: thin magics over the Python API.
+
+Options are parsed with IPython's ``magic_arguments`` (unknown options are a
+``UsageError``); everything else is :mod:`jupyter_cluster._cluster`. A foreground
+cell's output is written from the notebook's own thread as it arrives, so it lands
+in that cell in order; an ``--async`` cell gets a display area of its own that its
+later output updates, whichever cell runs then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import _cluster
+from ._cell import CellResult, RemoteCell
+from ._errors import RemoteError, plain
+from ._handles import ObjectHandle, parse_size
+
+_MAP = re.compile(r"--map\s+([A-Za-z_]\w*)\s+in\s+(.+?)(?=\s+--[a-z]|\s*$)")
+
+
+def _display(obj: Any, **kwargs: Any) -> Any:
+    from IPython.display import display
+
+    return display(obj, **kwargs)
+
+
+class _CellArea:
+    """The display area of an ``--async`` cell: a status line and its output so far."""
+
+    def __init__(self, cell: RemoteCell) -> None:
+        self.cell = cell
+        self.text = ""
+        self.state = f"running ({cell.where})"
+        self.handle = _display(self, display_id=True)
+
+    def __repr__(self) -> str:
+        head = f"[{self.cell.label} on the cluster: {self.state}]"
+        return head + ("\n" + self.text if self.text else "")
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        body = f"<pre style='margin:0'>{escape(self.text)}</pre>" if self.text else ""
+        return f"<div><span style='color:#777'>{escape(self.cell.label)} on the cluster: {escape(self.state)}</span>{body}</div>"
+
+    def update(self) -> None:
+        if self.handle is not None:
+            self.handle.update(self)
+
+
+def _cluster_parser() -> argparse.ArgumentParser:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:
+            raise UsageError(f"%cluster: {message}\n{self.format_usage()}")
+
+    parser = Parser(prog="%cluster", add_help=False)
+    commands = parser.add_subparsers(dest="command", parser_class=Parser)
+    local = commands.add_parser("local", help="start the embedded local cluster and attach to it")
+    local.add_argument("--cpus", type=float)
+    local.add_argument("--gpus", type=float)
+    local.add_argument("--object-store", type=str, help="e.g. 2GiB")
+    commands.add_parser("status", help="nodes, resources, cells and actors")
+    commands.add_parser("down", help="stop the embedded cluster")
+    return parser
+
+
+@magics_class
+class ClusterMagics(Magics):
+    """The magics; ``%load_ext jupyter_cluster`` registers them."""
+
+    @line_magic
+    def cluster(self, line: str) -> None:
+        """Attach to, inspect or stop a cluster: ``%cluster local|status|down``."""
+        args = _cluster_parser().parse_args(shlex.split(line))
+        if args.command == "local":
+            existing = _cluster.current()
+            store = parse_size(args.object_store) if args.object_store else None
+            cluster = _cluster.local(cpus=args.cpus, gpus=args.gpus, object_store=store)
+            if existing is cluster:
+                print(f"Already attached: {cluster!r}. `%cluster down` first to start another.")
+            else:
+                print(f"Attached to {cluster!r}.")
+                if cluster.mismatch:
+                    print(f"Warning: {cluster.mismatch}", file=sys.stderr)
+        elif args.command == "status":
+            print(self._attached().status())
+        elif args.command == "down":
+            cluster = _cluster.current()
+            if cluster is None:
+                print("No cluster is attached.")
+            else:
+                cluster.down()
+                print("Stopped the embedded cluster." if cluster.kind.startswith("embedded") else "Detached.")
+        else:
+            raise UsageError(f"%cluster needs a command: local, status or down\n{_cluster_parser().format_usage()}")
+
+    @staticmethod
+    def _attached() -> _cluster.Cluster:
+        cluster = _cluster.current()
+        if cluster is None:
+            raise UsageError("no cluster is attached: run `%cluster local` first")
+        return cluster
+
+    @magic_arguments()
+    @argument("--cpus", type=float, help="CPUs for the task or actor")
+    @argument("--gpus", type=float, help="GPUs for the task or actor")
+    @argument("--memory", type=str, help="memory to reserve, e.g. 4GiB")
+    @argument("--resources", type=str, help='custom resources as JSON, e.g. \'{"accelerator": 1}\'')
+    @argument("--actor", type=str, help="run inside the named actor (a persistent remote namespace)")
+    @argument("--driver", action="store_true", help="run in the agent's own namespace on the head")
+    @argument("--async", dest="run_async", action="store_true", help="return at once; outputs become pending handles")
+    @argument("--out", type=str, help="comma-separated names to bring back")
+    @argument("--no-out", action="store_true", help="bring nothing back")
+    @argument("--retries", type=int, help="Ray task retries")
+    @argument("--timeout", type=float, help="cancel the cell after this many seconds")
+    @cell_magic
+    def remote(self, line: str, cell: str) -> Any:
+        """Run the cell on the cluster. ``--map NAME in EXPR`` runs it once per item."""
+        map_match = _MAP.search(line)
+        if map_match:
+            line = line[: map_match.start()] + line[map_match.end():]
+        elif "--map" in line.split():
+            raise UsageError("--map needs the form `--map NAME in EXPR`, e.g. `--map x in range(10)`")
+        args = parse_argstring(self.remote, line)
+        mode = "task"
+        if sum(bool(x) for x in (args.actor, args.driver, map_match)) > 1:
+            raise UsageError("choose one of --actor, --driver and --map")
+        if args.actor:
+            mode = "actor"
+        elif args.driver:
+            mode = "driver"
+        elif map_match:
+            mode = "map"
+        if args.out and args.no_out:
+            raise UsageError("--out and --no-out contradict each other")
+        out: list[str] | None = None
+        if args.no_out:
+            out = []
+        elif args.out:
+            out = [name.strip() for name in args.out.split(",") if name.strip()]
+            bad = [name for name in out if not name.isidentifier()]
+            if bad:
+                raise UsageError(f"--out takes Python names separated by commas; not names: {', '.join(bad)}")
+        resources = None
+        if args.resources:
+            try:
+                resources = json.loads(args.resources)
+            except ValueError as exc:
+                raise UsageError(f"--resources is not JSON ({exc}); write e.g. '{{\"accelerator\": 1}}'") from None
+        shell = self.shell
+        assert shell is not None
+        ns = shell.user_ns
+        map_over = None
+        if map_match:
+            name, expr = map_match.group(1), map_match.group(2)
+            try:
+                items = eval(expr, ns)
+                map_over = (name, list(items))
+            except Exception as exc:
+                raise UsageError(f"--map {name} in {expr}: {type(exc).__name__}: {exc}") from None
+        cluster = _cluster.current()
+        if cluster is None:
+            cluster = _cluster.local()
+            print(f"Started an embedded local Ray cluster for this notebook ({cluster!r}); `%cluster down` stops it.")
+        try:
+            remote = cluster.run_cell(
+                cell, namespace=ns, hidden=shell.user_ns_hidden, mode=mode, actor=args.actor, map_over=map_over,
+                out=out, cpus=args.cpus, gpus=args.gpus, memory=args.memory, resources=resources,
+                retries=args.retries, timeout=args.timeout, pending_handles=args.run_async,
+                label=f"Cell In[{shell.execution_count}]",
+            )
+        except ValueError as exc:
+            if isinstance(exc, SyntaxError) or type(exc).__module__.startswith("jupyter_cluster"):
+                raise
+            raise UsageError(str(exc)) from None
+        if args.run_async:
+            self._run_in_background(remote, ns)
+            return None
+        return self._run_in_foreground(remote, ns)
+
+    def _run_in_foreground(self, cell: RemoteCell, ns: dict[str, Any]) -> Any:
+        progress = None
+        try:
+            for event, data in cell.events():
+                if event == "stream":
+                    _write(data)
+                elif event == "progress" and cell.mode == "map":
+                    text = f"--map: {data['done']}/{data['total']} items done"
+                    if progress is None:
+                        progress = _display({"text/plain": text}, raw=True, display_id=True)
+                    else:
+                        progress.update({"text/plain": text}, raw=True)
+        except KeyboardInterrupt:
+            cell.cancel()
+            print("Interrupted: cancelling the remote work…", file=sys.stderr)
+            try:
+                for event, data in cell.events():
+                    if event == "stream":
+                        _write(data)
+            except KeyboardInterrupt:
+                pass
+            raise KeyboardInterrupt("the remote cell was cancelled") from None
+        result = cell.result()
+        return self._bind(result, ns)
+
+    @staticmethod
+    def _bind(result: CellResult, ns: dict[str, Any]) -> Any:
+        ns.update(result.outputs)
+        for warning in result.warnings:
+            print(f"Warning: {warning}", file=sys.stderr)
+        return result.value if result.has_value else None
+
+    def _run_in_background(self, cell: RemoteCell, ns: dict[str, Any]) -> None:
+        ns.update(cell.handles)
+        area = _CellArea(cell)
+
+        def listen(event: str, data: Any) -> None:
+            if event == "stream":
+                area.text += "".join(text for kind, text in data if kind != "display")
+                for kind, bundle in data:
+                    if kind == "display":
+                        _display(bundle, raw=True)
+            elif event == "progress":
+                area.state = f"{data['done']}/{data['total']} items done"
+            elif event == "started":
+                area.state = f"running ({cell.where})"
+            elif cell.done():
+                area.state = self._finished(cell, ns)
+            area.update()
+
+        cell.subscribe(listen)
+
+    @staticmethod
+    def _finished(cell: RemoteCell, ns: dict[str, Any]) -> str:
+        error = cell.exception()
+        if error is not None:
+            if isinstance(error, RemoteError):
+                return "failed\n" + plain(error._render_traceback_())
+            return f"failed: {type(error).__name__}: {error}"
+        result = cell.result()
+        for name, handle in cell.handles.items():
+            value = result.outputs.get(name)
+            # Resolve in place, unless the notebook has rebound the name meanwhile.
+            if ns.get(name) is handle and not isinstance(value, ObjectHandle) and name in result.outputs:
+                ns[name] = value
+        names = ", ".join(result.outputs) or "nothing"
+        return f"done in {result.elapsed:.2f} s; bound {names}"
+
+
+def _write(batch: list[tuple[str, Any]]) -> None:
+    for kind, data in batch:
+        if kind == "stdout":
+            sys.stdout.write(data)
+            sys.stdout.flush()
+        elif kind == "stderr":
+            sys.stderr.write(data)
+            sys.stderr.flush()
+        elif kind == "display":
+            _display(data, raw=True)

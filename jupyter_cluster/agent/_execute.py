@@ -1,0 +1,401 @@
+"""Running one cell's source in a namespace, wherever that namespace lives.
+
+The same code runs a cell inside a Ray task, inside a named actor and in the agent's
+own driver namespace: compile the source under a filename that names the cell, run
+the body, evaluate a trailing expression, capture ``print`` and ``display`` as a
+stream of chunks, render matplotlib figures, and describe each exported name as a
+small inline value or a large one that stays on the cluster. A failure becomes a
+:class:`RemoteFailure` whose frames are the user's own, without this module's or
+Ray's. Only the standard library and cloudpickle are imported here.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import os
+import sys
+import threading
+import time
+import traceback
+import types
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+#: Where a stream chunk goes: ``sink(chunks)``; each chunk is ``(kind, data)`` with kind
+#: ``"stdout"``, ``"stderr"`` (data a str) or ``"display"`` (data a mime bundle).
+Sink = Callable[[list[tuple[str, Any]]], None]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def cell_filename(cell_id: str) -> str:
+    """The filename a cell's code objects carry, so tracebacks can name the cell."""
+    return f"<remote-cell-{cell_id}>"
+
+
+@dataclass
+class Pickled:
+    """A value kept as cloudpickle bytes: unpickled only where it is used."""
+
+    data: bytes
+
+    def load(self) -> Any:
+        return cloudpickle.loads(self.data)
+
+
+@dataclass
+class CellSpec:
+    """What a cell asks for; built by the kernel, read by the agent and the worker."""
+
+    cell_id: str
+    source: str
+    inputs: tuple[str, ...] = ()
+    modules: dict[str, str] = field(default_factory=dict)
+    outputs: tuple[str, ...] = ()
+    display_last: bool = False
+    threshold: int = 1 << 20
+    map_name: str | None = None
+
+
+@dataclass
+class OutputInfo:
+    """One exported name: inline (``data`` holds its pickle) or remote (``meta``)."""
+
+    kind: str  # "inline" | "remote" | "module" | "unpicklable" | "missing"
+    data: bytes = b""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RemoteFailure:
+    """An exception raised by a cell, with the user's frames only."""
+
+    type_name: str
+    module: str
+    message: str
+    frames: list[tuple[str, int, str, str]]
+    exception: bytes | None
+    interrupted: bool = False
+
+
+@dataclass
+class CellOutcome:
+    """What a finished cell sends back (values themselves travel beside it)."""
+
+    outputs: dict[str, OutputInfo] = field(default_factory=dict)
+    value: OutputInfo | None = None
+    failure: RemoteFailure | None = None
+    chunks_sent: int = 0
+    node: str = ""
+    elapsed: float = 0.0
+
+
+class CellStream(io.TextIOBase):
+    """A text stream that batches writes into chunks for a :data:`Sink`.
+
+    Writes within ``interval`` seconds of the last send are held and sent together
+    (by the next write, a timer, or :meth:`CellOutput.close`), so a loop of a
+    million prints costs a few dozen messages, not a million.
+    """
+
+    def __init__(self, output: CellOutput, name: str) -> None:
+        self._output = output
+        self.name = name
+
+    def write(self, text: str) -> int:
+        if text:
+            self._output.add(self.name, text)
+        return len(text)
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        self._output.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+class CellOutput:
+    """Collects a cell's stdout, stderr and displays, and sends them in batches."""
+
+    def __init__(self, sink: Sink, interval: float = 0.05) -> None:
+        self._sink = sink
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, Any]] = []
+        self._last_send = 0.0
+        self._timer: threading.Timer | None = None
+        self.sends = 0
+
+    def add(self, kind: str, data: Any) -> None:
+        with self._lock:
+            if kind != "display" and self._pending and self._pending[-1][0] == kind:
+                self._pending[-1] = (kind, self._pending[-1][1] + data)
+            else:
+                self._pending.append((kind, data))
+            due = time.monotonic() - self._last_send >= self._interval
+            if not due and self._timer is None:
+                self._timer = threading.Timer(self._interval, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            batch, self._pending = self._pending, []
+            if not batch:
+                return
+            self._last_send = time.monotonic()
+            self.sends += 1
+            self._sink(batch)
+
+    def close(self) -> None:
+        self.flush()
+
+
+def mime_bundle(obj: Any) -> dict[str, Any]:
+    """The rich representations of ``obj``, as IPython's ``display`` would build them.
+
+    Built without IPython (a worker may not have it): the ``_repr_*_`` protocol,
+    matplotlib figures as PNG, and ``repr`` as ``text/plain``.
+    """
+    bundle: dict[str, Any] = {}
+    method = getattr(obj, "_repr_mimebundle_", None)
+    if callable(method):
+        try:
+            found = method()
+            data = found[0] if isinstance(found, tuple) else found
+            if isinstance(data, dict):
+                bundle.update(data)
+        except Exception:  # a broken repr must not fail the cell
+            pass
+    for mime, name in (
+        ("text/html", "_repr_html_"),
+        ("text/markdown", "_repr_markdown_"),
+        ("image/svg+xml", "_repr_svg_"),
+        ("image/png", "_repr_png_"),
+        ("image/jpeg", "_repr_jpeg_"),
+        ("text/latex", "_repr_latex_"),
+        ("application/json", "_repr_json_"),
+    ):
+        method = getattr(obj, name, None)
+        if mime not in bundle and callable(method):
+            try:
+                data = method()
+            except Exception:
+                data = None
+            if data is not None:
+                bundle[mime] = data
+    if "image/png" not in bundle and type(obj).__module__.startswith("matplotlib.figure"):
+        bundle["image/png"] = _figure_png(obj)
+    bundle.setdefault("text/plain", _safe_repr(obj))
+    return bundle
+
+
+def _figure_png(figure: Any) -> bytes:
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _safe_repr(obj: Any, limit: int = 10_000) -> str:
+    try:
+        text = repr(obj)
+    except Exception as exc:
+        text = f"<{type(obj).__name__} object; repr failed: {exc!r}>"
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def describe(value: Any) -> dict[str, Any]:
+    """Type, shape, dtype and size of a value, for a handle's repr."""
+    cls = type(value)
+    meta: dict[str, Any] = {"type": f"{cls.__module__}.{cls.__qualname__}"}
+    if cls.__module__ == "builtins":
+        meta["type"] = cls.__qualname__
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple) and all(isinstance(n, int) for n in shape):
+        meta["shape"] = list(shape)
+    elif hasattr(value, "__len__"):
+        try:
+            meta["len"] = len(value)
+        except Exception:
+            pass
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        meta["dtype"] = str(dtype)
+    return meta
+
+
+def _nbytes(value: Any) -> int | None:
+    size = getattr(value, "nbytes", None)
+    if isinstance(size, int):
+        return size
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value)
+    return None
+
+
+def package_value(value: Any, threshold: int) -> tuple[OutputInfo, Any]:
+    """Describe ``value`` and choose what travels as its Ray return value.
+
+    Returns the :class:`OutputInfo` for the envelope and the object to return.
+    Arrays above the threshold are returned as they are (Ray stores them without a
+    copy); other large values are pickled once and returned as :class:`Pickled`.
+    """
+    if isinstance(value, types.ModuleType):
+        return OutputInfo("module", meta={"module": value.__name__}), value.__name__
+    nbytes = _nbytes(value)
+    if nbytes is not None and nbytes > threshold:
+        return OutputInfo("remote", meta={**describe(value), "nbytes": nbytes}), value
+    try:
+        data = cloudpickle.dumps(value)
+    except Exception as exc:
+        meta = {**describe(value), "error": f"{type(exc).__name__}: {exc}"}
+        return OutputInfo("unpicklable", meta=meta), None
+    if len(data) > threshold:
+        meta = {**describe(value), "nbytes": nbytes if nbytes is not None else len(data)}
+        return OutputInfo("remote", meta=meta), Pickled(data)
+    return OutputInfo("inline", data=data), value
+
+
+def unwrap(value: Any) -> Any:
+    """The value a cell sees for an input that may arrive still pickled."""
+    return value.load() if isinstance(value, Pickled) else value
+
+
+def compile_cell(spec: CellSpec) -> tuple[types.CodeType, types.CodeType | None]:
+    """Compile the body, and the trailing expression separately if it is displayed."""
+    filename = cell_filename(spec.cell_id)
+    tree = ast.parse(spec.source, filename)
+    last: types.CodeType | None = None
+    if spec.display_last and tree.body and isinstance(tree.body[-1], ast.Expr):
+        expr = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
+        last = compile(expr, filename, "eval")
+    return compile(tree, filename, "exec"), last
+
+
+def fresh_namespace() -> dict[str, Any]:
+    return {"__name__": "__main__", "__builtins__": builtins, "display": _no_display}
+
+
+def _no_display(*objs: Any) -> None:  # replaced while a cell runs
+    for obj in objs:
+        print(_safe_repr(obj))
+
+
+class _Capture:
+    """Redirects stdout/stderr (and ``display``) of a running cell into a CellOutput."""
+
+    def __init__(self, output: CellOutput, ns: dict[str, Any]) -> None:
+        self.output = output
+        self.ns = ns
+
+    def display(self, *objs: Any, **_: Any) -> None:
+        for obj in objs:
+            self.output.add("display", mime_bundle(obj))
+
+    def __enter__(self) -> _Capture:
+        self._saved = sys.stdout, sys.stderr, self.ns.get("display")
+        sys.stdout = CellStream(self.output, "stdout")
+        sys.stderr = CellStream(self.output, "stderr")
+        self.ns["display"] = self.display
+        warnings.filterwarnings("ignore", message=".*non-interactive.*cannot be shown")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout, sys.stderr, shown = self._saved
+        self.ns["display"] = shown
+
+
+def _show_figures(output: CellOutput) -> None:
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    for number in pyplot.get_fignums():
+        figure = pyplot.figure(number)
+        output.add("display", {"image/png": _figure_png(figure), "text/plain": repr(figure)})
+    pyplot.close("all")
+
+
+def failure_from(exc: BaseException, source: str, cell_id: str) -> RemoteFailure:
+    """Describe ``exc`` with only the frames of user code (cell, notebook functions)."""
+    cell_file = cell_filename(cell_id)
+    lines = source.splitlines()
+    frames: list[tuple[str, int, str, str]] = []
+    for summary in traceback.extract_tb(exc.__traceback__):
+        name = summary.filename
+        if name.startswith(_HERE) or f"{os.sep}ray{os.sep}" in name:
+            continue
+        lineno = summary.lineno or 0
+        text = lines[lineno - 1] if name == cell_file and 0 < lineno <= len(lines) else ""
+        frames.append((name, lineno, summary.name, text or summary.line or ""))
+    if isinstance(exc, SyntaxError) and exc.filename == cell_file and exc.lineno:
+        frames.append((cell_file, exc.lineno, "<module>", exc.text or ""))
+    try:
+        pickled: bytes | None = cloudpickle.dumps(exc)
+    except Exception:
+        pickled = None
+    cls = type(exc)
+    return RemoteFailure(
+        type_name=cls.__qualname__,
+        module=cls.__module__,
+        message=str(exc),
+        frames=frames,
+        exception=pickled,
+        interrupted=isinstance(exc, KeyboardInterrupt),
+    )
+
+
+def run_in_namespace(
+    spec: CellSpec, ns: dict[str, Any], output: CellOutput, node: str = ""
+) -> tuple[CellOutcome, list[Any]]:
+    """Run ``spec`` in ``ns``; return the outcome and the exported values in order.
+
+    The namespace must already hold the inputs. Exported names that the cell did not
+    bind come back as ``"missing"``.
+    """
+    start = time.perf_counter()
+    outcome = CellOutcome(node=node)
+    values: list[Any] = []
+    result: Any = None
+    try:
+        body, last = compile_cell(spec)
+        with _Capture(output, ns):
+            exec(body, ns)
+            if last is not None:
+                result = eval(last, ns)
+            _show_figures(output)
+    except BaseException as exc:  # KeyboardInterrupt too: it is how cancel arrives
+        outcome.failure = failure_from(exc, spec.source, spec.cell_id)
+    else:
+        if result is not None:
+            info, _ = package_value(result, spec.threshold)
+            if info.kind != "inline":
+                info = OutputInfo("repr", meta={"bundle": mime_bundle(result)})
+            outcome.value = info
+        for name in spec.outputs:
+            if name not in ns:
+                outcome.outputs[name] = OutputInfo("missing")
+                values.append(None)
+                continue
+            info, value = package_value(ns[name], spec.threshold)
+            if info.kind == "remote":
+                info.meta["node"] = node
+            outcome.outputs[name] = info
+            values.append(value)
+    output.close()
+    outcome.chunks_sent = output.sends
+    outcome.elapsed = time.perf_counter() - start
+    return outcome, values

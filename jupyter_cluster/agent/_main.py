@@ -1,0 +1,166 @@
+"""Start the agent: connect to (or start) Ray, serve the socket, wire requests to cells.
+
+``python -m jupyter_cluster.agent --socket PATH`` with the session secret in the
+environment variable ``JUPYTER_CLUSTER_SECRET``. ``--local`` starts a Ray instance
+of its own (the embedded cluster); otherwise it joins the running one
+(``address="auto"``). When ready it prints one JSON line, ``{"ready": ...}``, on
+stdout, which is how the process that started it knows the socket is served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger("jupyter_cluster.agent")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jupyter_cluster.agent")
+    parser.add_argument("--socket", required=True, help="Unix socket path to serve")
+    parser.add_argument("--local", action="store_true", help="start a Ray instance of our own")
+    parser.add_argument("--address", default="auto", help="Ray address to join without --local")
+    parser.add_argument("--num-cpus", type=float, default=None)
+    parser.add_argument("--num-gpus", type=float, default=None)
+    parser.add_argument("--object-store-memory", type=int, default=None)
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process exits")
+    parser.add_argument("--idle-timeout", type=float, default=24 * 3600, help="seconds with no session attached before exiting")
+    parser.add_argument("--log", default=None, help="log file (default: next to the socket)")
+    return parser.parse_args(argv)
+
+
+def init_ray(args: argparse.Namespace) -> None:
+    import ray
+
+    kwargs: dict[str, Any] = {"namespace": "jupyter_cluster", "log_to_driver": False, "configure_logging": False}
+    if args.local:
+        kwargs.update(num_cpus=args.num_cpus, num_gpus=args.num_gpus, include_dashboard=False)
+        if args.object_store_memory:
+            kwargs["object_store_memory"] = args.object_store_memory
+    else:
+        kwargs["address"] = args.address
+    ray.init(**kwargs)
+
+
+def handlers(runner: Any, server: Any) -> dict[str, Any]:
+    async def run_cell(body: dict[str, Any], session: Any, emit: Any) -> None:
+        await runner.run_cell(body, emit)
+
+    async def cancel(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", runner.cancel(body["cell_id"]), final=True)
+
+    async def put(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.put(body["value"]), final=True)
+
+    async def get(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.get(body["handle"]), final=True)
+
+    async def wait(body: dict[str, Any], session: Any, emit: Any) -> None:
+        ready = await runner.wait(body["handles"], body["num_returns"], body.get("timeout"))
+        emit("done", ready, final=True)
+
+    async def submit(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.submit(body), final=True)
+
+    async def describe(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.describe_object(body["handle"]), final=True)
+
+    async def release(body: dict[str, Any], session: Any, emit: Any) -> None:
+        runner.release(body["handles"])
+        emit("done", None, final=True)
+
+    async def status(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.status(), final=True)
+
+    async def ping(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", body.get("data"), final=True)
+
+    async def shutdown(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", True, final=True)
+        await asyncio.sleep(0.05)  # let the answer leave before the socket closes
+        await server.stop()
+
+    return {
+        "cancel": cancel,
+        "describe": describe,
+        "get": get,
+        "ping": ping,
+        "put": put,
+        "release": release,
+        "run_cell": run_cell,
+        "shutdown": shutdown,
+        "status": status,
+        "submit": submit,
+        "wait": wait,
+    }
+
+
+async def watch(server: Any, args: argparse.Namespace) -> None:
+    """Stop when the parent is gone, or after ``--idle-timeout`` with no session."""
+    while not server.stopped.is_set():
+        await asyncio.sleep(0.5)
+        if args.parent_pid is not None:
+            try:
+                os.kill(args.parent_pid, 0)
+            except ProcessLookupError:
+                log.info("parent %d exited; stopping", args.parent_pid)
+                await server.stop()
+        idle = [s.detached_since for s in server.sessions.values() if s.writer is None]
+        if not server.attached():
+            since = min(idle) if idle else server.started
+            if time.monotonic() - since > args.idle_timeout:
+                log.info("no session attached for %.0f s; stopping", args.idle_timeout)
+                await server.stop()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from ._cells import CellRunner
+    from ._server import AgentServer
+
+    secret = os.environ.pop("JUPYTER_CLUSTER_SECRET", "")
+    if not secret:
+        raise SystemExit("JUPYTER_CLUSTER_SECRET is not set: refusing to serve without a secret")
+    loop = asyncio.get_running_loop()
+    runner = CellRunner(loop)
+    server = AgentServer(args.socket, secret, {})
+    server.handlers.update(handlers(runner, server))
+    server.started = time.monotonic()  # type: ignore[attr-defined]
+    await server.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.stop()))
+    import ray
+
+    print(json.dumps({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__}), flush=True)
+    watcher = asyncio.ensure_future(watch(server, args))
+    await server.stopped.wait()
+    watcher.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    log_file = args.log or os.path.join(os.path.dirname(args.socket), "agent.log")
+    os.makedirs(os.path.dirname(log_file), mode=0o700, exist_ok=True)
+    logging.basicConfig(
+        filename=log_file,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        init_ray(args)
+    except Exception as exc:
+        print(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        raise SystemExit(1) from exc
+    try:
+        asyncio.run(serve(args))
+    finally:
+        import ray
+
+        ray.shutdown()
+    sys.exit(0)

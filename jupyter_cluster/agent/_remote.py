@@ -1,0 +1,184 @@
+"""The Ray side of a cell: the task, the map chunk, the namespace actor, the relay.
+
+Each is a thin Ray wrapper around :func:`run_in_namespace`. A cell's outputs are
+separate Ray return values, owned by the agent that submitted the cell, so a later
+cell can depend on one of them before it exists (a pending handle is an ObjectRef).
+Printed output goes to the :class:`OutputRelay` actor on the head as it is written;
+the agent pulls it from there and counts the batches so nothing arrives after the
+cell's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import os
+import threading
+from typing import Any
+
+import ray
+
+from ._execute import (
+    CellOutcome,
+    CellOutput,
+    CellSpec,
+    OutputInfo,
+    fresh_namespace,
+    run_in_namespace,
+    unwrap,
+)
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+_node_ip: str | None = None
+
+
+def node_ip() -> str:
+    global _node_ip
+    if _node_ip is None:
+        _node_ip = ray.util.get_node_ip_address()
+    return _node_ip
+
+
+def bind_inputs(spec: CellSpec, ns: dict[str, Any], values: tuple[Any, ...]) -> None:
+    """Put a cell's inputs into ``ns``: modules by name, the rest as given."""
+    ns.setdefault("ray", ray)
+    for name, module in spec.modules.items():
+        ns[name] = importlib.import_module(module)
+    for name, value in zip(spec.inputs, values, strict=True):
+        ns[name] = unwrap(value)
+
+
+def _relay_sink(relay: Any, cell_id: str) -> Any:
+    return lambda batch: relay.push.remote(cell_id, batch)
+
+
+def _returns(outcome: CellOutcome, values: list[Any]) -> Any:
+    return (outcome, *values) if values else outcome
+
+
+@ray.remote
+def run_cell_task(spec: CellSpec, relay: Any, *values: Any) -> Any:
+    """One cell as one Ray task; returns ``(outcome, *exported values)``."""
+    ns = fresh_namespace()
+    bind_inputs(spec, ns, values)
+    outcome, exported = run_in_namespace(
+        spec, ns, CellOutput(_relay_sink(relay, spec.cell_id)), node_ip()
+    )
+    if outcome.failure is not None:
+        exported = [None] * len(spec.outputs)
+    return _returns(outcome, exported)
+
+
+@ray.remote
+def run_map_chunk(
+    spec: CellSpec, relay: Any, items: list[Any], *values: Any
+) -> list[tuple[CellOutcome, list[Any]]]:
+    """Several items of a ``--map`` cell, each in its own fresh namespace.
+
+    Large outputs are put in the object store here; their refs travel inside the
+    outcome, so nothing large is copied to the agent.
+    """
+    results = []
+    output = CellOutput(_relay_sink(relay, spec.cell_id))
+    assert spec.map_name is not None
+    for item in items:
+        ns = fresh_namespace()
+        bind_inputs(spec, ns, values)
+        ns[spec.map_name] = item
+        outcome, exported = run_in_namespace(spec, ns, output, node_ip())
+        refs: list[Any] = []
+        for name, value in zip(spec.outputs, exported, strict=False):
+            info = outcome.outputs[name]
+            refs.append(ray.put(value) if info.kind == "remote" else None)
+        results.append((outcome, refs))
+        if outcome.failure is not None:
+            break
+    # The output is shared by the chunk's items: the last outcome counts every batch.
+    return results
+
+
+@ray.remote
+def run_function(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``jc.submit``: call a notebook function on the cluster."""
+    return unwrap(fn)(*(unwrap(a) for a in args), **kwargs)
+
+
+def interrupt_thread(ident: int) -> bool:
+    """Raise KeyboardInterrupt in thread ``ident`` at its next Python instruction."""
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt)
+    )
+    return bool(done == 1)
+
+
+@ray.remote(concurrency_groups={"cells": 1, "control": 1})
+class CellNamespace:
+    """A named actor holding a persistent namespace; cells run in it one at a time."""
+
+    def __init__(self, name: str, relay: Any) -> None:
+        self.name = name
+        self.ns = fresh_namespace()
+        self.relay = relay
+        self.running: dict[str, int] = {}
+
+    @ray.method(concurrency_group="cells")
+    def run(self, spec: CellSpec, *values: Any) -> Any:
+        self.running[spec.cell_id] = threading.get_ident()
+        try:
+            bind_inputs(spec, self.ns, values)
+            sink = _relay_sink(self.relay, spec.cell_id)
+            outcome, exported = run_in_namespace(spec, self.ns, CellOutput(sink), node_ip())
+        finally:
+            del self.running[spec.cell_id]
+        if outcome.failure is not None:
+            exported = [None] * len(spec.outputs)
+        return _returns(outcome, exported)
+
+    @ray.method(concurrency_group="control")
+    def interrupt(self, cell_id: str) -> bool:
+        ident = self.running.get(cell_id)
+        return ident is not None and interrupt_thread(ident)
+
+    @ray.method(concurrency_group="control")
+    def describe(self) -> dict[str, Any]:
+        names = sorted(k for k in self.ns if not k.startswith("__") and k != "display")
+        return {"name": self.name, "node": node_ip(), "names": names, "running": list(self.running)}
+
+
+@ray.remote(num_cpus=0)
+class OutputRelay:
+    """Carries printed output from workers to the agent while cells run."""
+
+    def __init__(self) -> None:
+        self._batches: list[tuple[str, list[tuple[str, Any]]]] = []
+        self._ready: asyncio.Event | None = None
+
+    def _event(self) -> asyncio.Event:
+        if self._ready is None:
+            self._ready = asyncio.Event()
+        return self._ready
+
+    async def push(self, cell_id: str, batch: list[tuple[str, Any]]) -> None:
+        self._batches.append((cell_id, batch))
+        self._event().set()
+
+    async def pull(self) -> list[tuple[str, list[tuple[str, Any]]]]:
+        await self._event().wait()
+        self._event().clear()
+        batches, self._batches = self._batches, []
+        return batches
+
+
+__all__ = [
+    "CellNamespace",
+    "OutputInfo",
+    "OutputRelay",
+    "bind_inputs",
+    "interrupt_thread",
+    "node_ip",
+    "run_cell_task",
+    "run_function",
+    "run_map_chunk",
+]

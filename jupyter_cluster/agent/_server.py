@@ -1,0 +1,174 @@
+"""The agent's socket server: handshakes, sessions, and request dispatch.
+
+The agent listens on a Unix socket in a 0700 folder. A kernel opens a connection
+with a ``hello`` carrying the per-agent secret, a session name and the last event
+sequence number it saw; the agent answers ``welcome`` (its Python and Ray versions)
+and replays that session's unacknowledged events. A session outlives its
+connections: work goes on and events wait in the outbox while no kernel is attached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from ._protocol import PROTOCOL_VERSION, Frame, ProtocolError, SessionOutbox, read_frame, write_frame
+
+log = logging.getLogger("jupyter_cluster.agent")
+
+HELLO_TIMEOUT = 10.0
+
+
+@dataclass
+class Session:
+    """One notebook's conversation with the agent, across reconnects."""
+
+    name: str
+    outbox: SessionOutbox = field(default_factory=SessionOutbox)
+    writer: asyncio.StreamWriter | None = None
+    requests: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    detached_since: float = field(default_factory=time.monotonic)
+
+    def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        frame = self.outbox.append(header, payload)
+        if self.writer is not None and not self.writer.is_closing():
+            write_frame(self.writer, frame)
+
+    def emitter(self, request_id: str) -> Callable[..., None]:
+        def emit(event: str, data: Any = None, final: bool = False) -> None:
+            payload = b"" if data is None else cloudpickle.dumps(data)
+            self.send({"type": "event", "req": request_id, "event": event, "final": final}, payload)
+
+        return emit
+
+
+Handler = Callable[[dict[str, Any], Any, Callable[..., None]], Awaitable[None]]
+
+
+class AgentServer:
+    """Serves sessions on a Unix socket; requests go to ``handlers`` by ``op``."""
+
+    def __init__(self, socket_path: str, secret: str, handlers: dict[str, Handler]) -> None:
+        self.socket_path = socket_path
+        self.secret = secret
+        self.handlers = handlers
+        self.sessions: dict[str, Session] = {}
+        self.stopped = asyncio.Event()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        folder = os.path.dirname(self.socket_path)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self._server = await asyncio.start_unix_server(self._connection, path=self.socket_path, limit=1 << 20)
+        os.chmod(self.socket_path, 0o600)
+
+    def attached(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.writer is not None)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for session in self.sessions.values():
+            if session.writer is not None:
+                session.writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self.stopped.set()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session: Session | None = None
+        try:
+            hello = await asyncio.wait_for(read_frame(reader), HELLO_TIMEOUT)
+            session = self._handshake(hello, writer)
+            if session is None:
+                return
+            while True:
+                frame = await read_frame(reader)
+                self._on_frame(session, frame)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, ProtocolError) as exc:
+            log.info("connection closed: %r", exc)
+        finally:
+            if session is not None and session.writer is writer:
+                session.writer = None
+                session.detached_since = time.monotonic()
+            writer.close()
+
+    def _handshake(self, hello: Frame, writer: asyncio.StreamWriter) -> Session | None:
+        header = hello.header
+        given = str(header.get("secret", ""))
+        if hello.type != "hello" or not hmac.compare_digest(given.encode(), self.secret.encode()):
+            write_frame(writer, Frame({"type": "refused", "reason": "wrong session secret"}))
+            log.warning("refused a connection without the session secret")
+            return None
+        name = str(header.get("session") or "default")
+        session = self.sessions.setdefault(name, Session(name))
+        if session.writer is not None:  # a newer connection of the same session wins
+            session.writer.close()
+        session.writer = writer
+        import ray
+
+        welcome = {
+            "type": "welcome",
+            "protocol": PROTOCOL_VERSION,
+            "session": name,
+            "python": platform.python_version(),
+            "executable": sys.executable,
+            "ray": ray.__version__,
+            "pid": os.getpid(),
+            "last_seq": session.outbox.last_seq,
+        }
+        write_frame(writer, Frame(welcome))
+        last_seen = int(header.get("last_seq", 0))
+        session.outbox.ack(last_seen)
+        for frame in session.outbox.after(last_seen):
+            write_frame(writer, frame)
+        log.info("session %s attached (resuming after %d)", name, last_seen)
+        return session
+
+    def _on_frame(self, session: Session, frame: Frame) -> None:
+        if frame.type == "ack":
+            session.outbox.ack(int(frame.header["seq"]))
+        elif frame.type == "request":
+            request_id = str(frame.header["id"])
+            if request_id in session.requests:
+                return  # a request re-sent after a reconnect: it is running or ran
+            task = asyncio.ensure_future(self._dispatch(session, frame))
+            session.requests[request_id] = task
+        else:
+            raise ProtocolError(f"unexpected frame type {frame.type!r}")
+
+    async def _dispatch(self, session: Session, frame: Frame) -> None:
+        request_id = str(frame.header["id"])
+        op = str(frame.header.get("op"))
+        emit = session.emitter(request_id)
+        handler = self.handlers.get(op)
+        try:
+            if handler is None:
+                raise ValueError(f"unknown request {op!r}")
+            body = cloudpickle.loads(frame.payload) if frame.payload else {}
+            body["id"] = request_id
+            await handler(body, session, emit)
+        except Exception as exc:
+            from ._cells import CellRequestError
+
+            if isinstance(exc, CellRequestError):
+                emit("error", {"message": str(exc)}, final=True)
+            else:
+                log.exception("request %s (%s) failed", request_id, op)
+                detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                emit("error", {"message": f"the agent failed: {detail}", "traceback": traceback.format_exc()}, final=True)
