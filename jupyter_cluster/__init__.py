@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def _cluster() -> Cluster:
+def _attached() -> Cluster:
     cluster = current()
     if cluster is None:
         raise ClusterConnectionError("no cluster is attached: call jc.local() (or %cluster local) first")
@@ -44,29 +44,29 @@ def _cluster() -> Cluster:
 def submit(fn: Callable[..., Any], *args: Any, cpus: float | None = None, gpus: float | None = None,
            memory: int | str | None = None, resources: dict[str, float] | None = None) -> ObjectHandle:
     """Run ``fn(*args)`` as a Ray task on the attached cluster (see :meth:`Cluster.submit`)."""
-    return _cluster().submit(fn, *args, cpus=cpus, gpus=gpus, memory=memory, resources=resources)
+    return _attached().submit(fn, *args, cpus=cpus, gpus=gpus, memory=memory, resources=resources)
 
 
 def map(fn: Callable[..., Any], *iterables: Iterable[Any], cpus: float | None = None,  # noqa: A001
         gpus: float | None = None) -> list[ObjectHandle]:
     """One task per element, like ``[f.remote(x) for x in xs]`` (see :meth:`Cluster.map`)."""
-    return _cluster().map(fn, *iterables, cpus=cpus, gpus=gpus)
+    return _attached().map(fn, *iterables, cpus=cpus, gpus=gpus)
 
 
 def put(value: Any) -> ObjectHandle:
     """``ray.put`` from the notebook: store ``value`` on the cluster, return its handle."""
-    return _cluster().put(value)
+    return _attached().put(value)
 
 
 def get(handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = None) -> Any:
     """``ray.get`` from the notebook: fetch a handle's value (or a list of them)."""
-    return _cluster().get(handle, timeout)
+    return _attached().get(handle, timeout)
 
 
 def wait(handles: Sequence[ObjectHandle], num_returns: int = 1,
          timeout: float | None = None) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
     """``ray.wait`` from the notebook: ``(ready, not_ready)``."""
-    return _cluster().wait(handles, num_returns, timeout)
+    return _attached().wait(handles, num_returns, timeout)
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -24,7 +24,8 @@ __all__ = ["CellAnalysis", "CellSyntaxError", "analyse_cell", "check_remote_synt
 
 _FILENAME = "<remote cell>"
 
-_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+# IPython leaves TransformerManager.__init__ unannotated; this keeps mypy --strict quiet.
+_new_transformer: Callable[[], TransformerManager] = TransformerManager
 
 
 @dataclass(frozen=True)
@@ -71,25 +72,16 @@ def check_remote_syntax(source: str) -> None:
                 " instead"
             )
             offset = len(text) - len(text.lstrip()) + 1
-            raise CellSyntaxError(
-                message, (_FILENAME, lineno, offset, text + "\n")
-            ) from None
+            raise CellSyntaxError(message, (_FILENAME, lineno, offset, text + "\n")) from None
         where = f", line {exc.lineno}" if exc.lineno is not None else ""
-        message = f"invalid syntax in the remote cell{where}: {exc.msg}; fix it and run the cell again"
-        details = (
-            _FILENAME,
-            exc.lineno,
-            exc.offset,
-            exc.text,
-            exc.end_lineno,
-            exc.end_offset,
-        )
-        raise CellSyntaxError(message, details) from None
+        message = f"invalid syntax in the remote cell{where}: {exc.msg}; fix it and run it again"
+        position = (exc.lineno, exc.offset, exc.text, exc.end_lineno, exc.end_offset)
+        raise CellSyntaxError(message, (_FILENAME, *position)) from None
 
 
 def _ipython_line(source: str, error: SyntaxError) -> int | None:
     """Return the first line IPython's transformer rewrites, if that explains ``error``."""
-    manager = TransformerManager()
+    manager = _new_transformer()
     # Dedenting and prompt stripping are not IPython-only syntax: the cluster compiles the
     # raw source, so such cells must get the plain syntax error instead.
     manager.cleanup_transforms = []
@@ -100,10 +92,8 @@ def _ipython_line(source: str, error: SyntaxError) -> int | None:
     old, new = source.splitlines(), transformed.splitlines()
     if old == new:
         return None
-    lineno = next(
-        (i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new))
-    )
-    lineno = min(lineno + 1, len(old))
+    same = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    lineno = min(same + 1, len(old))
     try:
         ast.parse(transformed, _FILENAME)
     except SyntaxError:
@@ -139,23 +129,13 @@ def analyse_cell(source: str) -> CellAnalysis:
     walker = _Walker()
     for statement in tree.body:
         walker.visit(statement)
-    displays = (
-        bool(tree.body)
-        and isinstance(tree.body[-1], ast.Expr)
-        and not _ends_quiet(source)
-    )
+    displays = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not _ends_quiet(source)
     return CellAnalysis(tuple(walker.inputs), tuple(walker.outputs), displays)
 
 
 def _ends_quiet(source: str) -> bool:
     """Tell whether the last token, ignoring comments and whitespace, is ``;`` (IPython's rule)."""
-    skip = {
-        tokenize.COMMENT,
-        tokenize.NL,
-        tokenize.NEWLINE,
-        tokenize.INDENT,
-        tokenize.DEDENT,
-    }
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
     last = ""
     try:
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -164,6 +144,16 @@ def _ends_quiet(source: str) -> bool:
     except (tokenize.TokenError, SyntaxError):
         return source.rstrip().endswith(";")
     return last == ";"
+
+
+def _parameters(args: ast.arguments) -> list[ast.arg]:
+    named = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    return named + [arg for arg in (args.vararg, args.kwarg) if arg is not None]
+
+
+def _class_header(node: ast.ClassDef) -> list[ast.expr]:
+    """Return what a class statement evaluates before its body: decorators, bases, keywords."""
+    return [*node.decorator_list, *node.bases, *(keyword.value for keyword in node.keywords)]
 
 
 @dataclass
@@ -179,79 +169,53 @@ class _Scope:
     immediate: bool = True
 
 
-class _Bindings(ast.NodeVisitor):
-    """Collect the names a function body binds, without entering nested scopes."""
+_Function = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+_Comprehension = ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
 
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-        self.globals_: set[str] = set()
-        self.nonlocals: set[str] = set()
-        self._in_comprehension = False
 
-    def visit_Name(self, node: ast.Name) -> None:
-        # A Store inside a comprehension is its loop variable; walrus targets go via NamedExpr.
-        if not isinstance(node.ctx, ast.Load) and not self._in_comprehension:
-            self.names.add(node.id)
+def _own_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Yield ``node`` and the nodes under it that run in its scope, parents first."""
+    yield node
+    children: Iterable[ast.AST | None]
+    if isinstance(node, _Function):
+        # Only what is evaluated where the function is defined: the body is another scope.
+        decorators = getattr(node, "decorator_list", [])
+        children = [*decorators, *node.args.defaults, *node.args.kw_defaults]
+    elif isinstance(node, ast.ClassDef):
+        children = _class_header(node)
+    else:
+        children = ast.iter_child_nodes(node)
+    for child in children:
+        if child is not None:
+            yield from _own_nodes(child)
 
-    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
-        self.names.add(node.target.id)
-        self.visit(node.value)
 
-    def _visit_comprehension(self, node: ast.AST) -> None:
-        outer, self._in_comprehension = self._in_comprehension, True
-        self.generic_visit(node)
-        self._in_comprehension = outer
-
-    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = (
-        _visit_comprehension
-    )
-
-    def _visit_definition(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self.names.add(node.name)
-        for expr in (*node.decorator_list, *node.args.defaults, *node.args.kw_defaults):
-            if expr is not None:
-                self.visit(expr)
-
-    visit_FunctionDef = visit_AsyncFunctionDef = _visit_definition
-
-    def visit_Lambda(self, node: ast.Lambda) -> None:
-        for expr in (*node.args.defaults, *node.args.kw_defaults):
-            if expr is not None:
-                self.visit(expr)
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self.names.add(node.name)
-        for expr in (
-            *node.decorator_list,
-            *node.bases,
-            *(k.value for k in node.keywords),
-        ):
-            self.visit(expr)
-
-    def visit_Global(self, node: ast.Global) -> None:
-        self.globals_.update(node.names)
-
-    def visit_Nonlocal(self, node: ast.Nonlocal) -> None:
-        self.nonlocals.update(node.names)
-
-    def visit_alias(self, node: ast.alias) -> None:
-        if node.name != "*":
-            self.names.add(node.asname or node.name.split(".")[0])
-
-    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
-        if node.name:
-            self.names.add(node.name)
-        self.generic_visit(node)
-
-    def _visit_pattern(
-        self, node: ast.MatchAs | ast.MatchStar | ast.MatchMapping
-    ) -> None:
-        name = node.rest if isinstance(node, ast.MatchMapping) else node.name
-        if name:
-            self.names.add(name)
-        self.generic_visit(node)
-
-    visit_MatchAs = visit_MatchStar = visit_MatchMapping = _visit_pattern
+def _declared(body: Sequence[ast.AST]) -> tuple[set[str], set[str], set[str]]:
+    """Return the names a scope's body binds, declares ``global`` and declares ``nonlocal``."""
+    names: set[str] = set()
+    globals_: set[str] = set()
+    nonlocals: set[str] = set()
+    loop_variables: set[int] = set()
+    for node in (node for statement in body for node in _own_nodes(statement)):
+        if isinstance(node, ast.comprehension):
+            # Comprehension variables are the comprehension's own; walrus targets are not.
+            loop_variables.update(id(name) for name in ast.walk(node.target))
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            if id(node) not in loop_variables:
+                names.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.alias) and node.name != "*":
+            names.add(node.asname or node.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+        elif isinstance(node, ast.Global):
+            globals_.update(node.names)
+        elif isinstance(node, ast.Nonlocal):
+            nonlocals.update(node.names)
+    return names, globals_, nonlocals
 
 
 class _Walker(ast.NodeVisitor):
@@ -262,6 +226,7 @@ class _Walker(ast.NodeVisitor):
         self.scope = self.module
         self.inputs: dict[str, None] = {}
         self.outputs: dict[str, None] = {}
+        self.lazy_annotations = False
         # Method bodies wait until their class is bound, since they run only after that.
         self.pending: list[tuple[_Scope, list[ast.stmt]]] = []
 
@@ -314,22 +279,6 @@ class _Walker(ast.NodeVisitor):
         if isinstance(base, ast.Name) and self._is_global(base.id):
             self.outputs.setdefault(base.id)
 
-    def _target(self, node: ast.expr, delete: bool = False) -> None:
-        if isinstance(node, ast.Name):
-            if delete:
-                self._delete(node.id)
-            else:
-                self._store(node.id)
-        elif isinstance(node, ast.Tuple | ast.List):
-            for element in node.elts:
-                self._target(element, delete)
-        elif isinstance(node, ast.Starred):
-            self._target(node.value, delete)
-        elif isinstance(node, ast.Attribute | ast.Subscript):
-            self._mutate(node)
-        else:
-            self.visit(node)
-
     def _walk(self, scope: _Scope, nodes: Sequence[ast.AST]) -> None:
         outer, self.scope = self.scope, scope
         for node in nodes:
@@ -338,7 +287,7 @@ class _Walker(ast.NodeVisitor):
 
     def _branches(self, branches: Sequence[Sequence[ast.AST]]) -> None:
         """Walk mutually exclusive branches, each seeing only the bindings made before it."""
-        scope = self.scope
+        scope, outputs = self.scope, list(self.outputs)
         before, added, removed = set(scope.bound), set[str](), set[str]()
         for branch in branches:
             if scope.kind in ("module", "class"):
@@ -348,31 +297,31 @@ class _Walker(ast.NodeVisitor):
             removed |= before - scope.bound
         if scope.kind in ("module", "class"):
             scope.bound = (before - removed) | added
+        # A name deleted in one branch still exists after another, so it stays an output.
+        self.outputs = dict.fromkeys([*outputs, *self.outputs])
 
     def _function_scope(self, args: ast.arguments, body: Sequence[ast.AST]) -> _Scope:
-        found = _Bindings()
-        for node in body:
-            found.visit(node)
-        params = [
-            *args.posonlyargs,
-            *args.args,
-            *args.kwonlyargs,
-            args.vararg,
-            args.kwarg,
-        ]
-        names = {arg.arg for arg in params if arg is not None} | found.names
-        bound = names - found.globals_ - found.nonlocals
-        return _Scope(
-            "function", self.scope, bound, found.globals_, found.nonlocals, False
-        )
+        names, globals_, nonlocals = _declared(body)
+        bound = ({arg.arg for arg in _parameters(args)} | names) - globals_ - nonlocals
+        return _Scope("function", self.scope, bound, globals_, nonlocals, immediate=False)
 
     # -- expressions -----------------------------------------------------------------
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
             self._load(node.id)
+        elif isinstance(node.ctx, ast.Del):
+            self._delete(node.id)
         else:
-            self._target(node, delete=isinstance(node.ctx, ast.Del))
+            self._store(node.id)
+
+    def _visit_member(self, node: ast.Attribute | ast.Subscript) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self.generic_visit(node)
+        else:
+            self._mutate(node)
+
+    visit_Attribute = visit_Subscript = _visit_member
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
         self.visit(node.value)
@@ -387,9 +336,7 @@ class _Walker(ast.NodeVisitor):
                 self.visit(expr)
         self._walk(self._function_scope(node.args, [node.body]), [node.body])
 
-    def _visit_comprehension(
-        self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
-    ) -> None:
+    def _visit_comprehension(self, node: _Comprehension) -> None:
         # The first iterable is evaluated in the enclosing scope, the rest in the new one.
         self.visit(node.generators[0].iter)
         names = {
@@ -403,37 +350,24 @@ class _Walker(ast.NodeVisitor):
         for index, generator in enumerate(node.generators):
             if index:
                 self.visit(generator.iter)
-            self._target(generator.target)
+            self.visit(generator.target)
             for condition in generator.ifs:
                 self.visit(condition)
-        elements = (
-            [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-        )
+        elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         for element in elements:
             self.visit(element)
         self.scope = outer
 
-    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = (
-        _visit_comprehension
-    )
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _visit_comprehension
 
     # -- statements ------------------------------------------------------------------
 
     def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = node.args
-        annotations = [
-            a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)
-        ]
-        annotations += [
-            a.annotation for a in (args.vararg, args.kwarg) if a is not None
-        ]
-        evaluated = [
-            *node.decorator_list,
-            *args.defaults,
-            *args.kw_defaults,
-            *annotations,
-        ]
-        for expr in (*evaluated, node.returns):
+        evaluated = [*node.decorator_list, *args.defaults, *args.kw_defaults]
+        if not self.lazy_annotations:
+            evaluated += [*(arg.annotation for arg in _parameters(args)), node.returns]
+        for expr in evaluated:
             if expr is not None:
                 self.visit(expr)
         # Bound before the body is walked, so that recursion does not make it an input.
@@ -447,17 +381,10 @@ class _Walker(ast.NodeVisitor):
     visit_FunctionDef = visit_AsyncFunctionDef = _visit_function
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        for expr in (
-            *node.decorator_list,
-            *node.bases,
-            *(k.value for k in node.keywords),
-        ):
+        for expr in _class_header(node):
             self.visit(expr)
-        found = _Bindings()
-        for statement in node.body:
-            found.visit(statement)
-        scope = _Scope("class", self.scope, set(), found.globals_, found.nonlocals)
-        scope.immediate = self.scope.immediate
+        _, globals_, nonlocals = _declared(node.body)
+        scope = _Scope("class", self.scope, set(), globals_, nonlocals, self.scope.immediate)
         outer_pending, self.pending = self.pending, []
         self._walk(scope, node.body)
         self._store(node.name)
@@ -471,7 +398,7 @@ class _Walker(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
         for target in node.targets:
-            self._target(target)
+            self.visit(target)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         if isinstance(node.target, ast.Name):
@@ -479,26 +406,22 @@ class _Walker(ast.NodeVisitor):
             self.visit(node.value)
             self._store(node.target.id)
         else:
-            self._target(node.target)
+            self.visit(node.target)
             self.visit(node.value)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
             self.visit(node.value)
-            self._target(node.target)
+            self.visit(node.target)
         elif not isinstance(node.target, ast.Name):
             self.visit(node.target.value)
         # Annotations of local variables are never evaluated; module and class ones are.
-        if self.scope.kind in ("module", "class"):
+        if self.scope.kind in ("module", "class") and not self.lazy_annotations:
             self.visit(node.annotation)
-
-    def visit_Delete(self, node: ast.Delete) -> None:
-        for target in node.targets:
-            self._target(target, delete=True)
 
     def _visit_for(self, node: ast.For | ast.AsyncFor) -> None:
         self.visit(node.iter)
-        self._target(node.target)
+        self.visit(node.target)
         self._walk(self.scope, [*node.body, *node.orelse])
 
     visit_For = visit_AsyncFor = _visit_for
@@ -507,7 +430,7 @@ class _Walker(ast.NodeVisitor):
         for item in node.items:
             self.visit(item.context_expr)
             if item.optional_vars is not None:
-                self._target(item.optional_vars)
+                self.visit(item.optional_vars)
         self._walk(self.scope, node.body)
 
     visit_With = visit_AsyncWith = _visit_with
@@ -520,14 +443,16 @@ class _Walker(ast.NodeVisitor):
         self.visit(node.subject)
         self._branches([*([case] for case in node.cases), []])
 
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.module == "__future__":
+            # A compiler directive, not a value worth bringing back.
+            self.lazy_annotations |= any(a.name == "annotations" for a in node.names)
+        else:
+            self.generic_visit(node)
+
     def visit_alias(self, node: ast.alias) -> None:
         if node.name != "*":
             self._store(node.asname or node.name.split(".")[0])
-
-    def _visit_declaration(self, node: ast.Global | ast.Nonlocal) -> None:
-        """Skip ``global`` and ``nonlocal``: they were collected with the scope's bindings."""
-
-    visit_Global = visit_Nonlocal = _visit_declaration
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
         if node.type is not None:
@@ -550,9 +475,7 @@ class _Walker(ast.NodeVisitor):
         else:
             self.outputs.pop(name, None)
 
-    def _visit_pattern(
-        self, node: ast.MatchAs | ast.MatchStar | ast.MatchMapping
-    ) -> None:
+    def _visit_pattern(self, node: ast.MatchAs | ast.MatchStar | ast.MatchMapping) -> None:
         self.generic_visit(node)
         name = node.rest if isinstance(node, ast.MatchMapping) else node.name
         if name:

@@ -11,8 +11,9 @@ goes to the cell's own display area).
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import queue
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ class RemoteCell:
         self._future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._listeners: list[Callable[[str, Any], None]] = []
+        self._history: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
         self.handles: dict[str, ObjectHandle] = {}
         if pending_handles:
             for name in spec.outputs:
@@ -89,6 +92,11 @@ class RemoteCell:
     @property
     def cell_id(self) -> str:
         return self.spec.cell_id
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes of input values this cell sent (0 when every input was already held)."""
+        return self._shipped.sent_bytes
 
     # ------------------------------------------------------------ future API
     def result(self, timeout: float | None = None) -> CellResult:
@@ -112,8 +120,11 @@ class RemoteCell:
         self._future.add_done_callback(lambda _: fn(self))
 
     def subscribe(self, listener: Callable[[str, Any], None]) -> None:
-        """Call ``listener(event, data)`` for each event from now on (link thread)."""
-        self._listeners.append(listener)
+        """Call ``listener(event, data)`` for every event, those already past first."""
+        with self._lock:
+            for event, data in self._history:
+                listener(event, data)
+            self._listeners.append(listener)
 
     def events(self, poll: float = 0.1) -> Iterator[tuple[str, Any]]:
         """Yield ``(event, data)`` in the calling thread until the cell is finished."""
@@ -150,8 +161,10 @@ class RemoteCell:
             error = data if isinstance(data, BaseException) else RequestError(data.get("message", "failed"), data)
             self._fail(error)
         self._events.put((event, data))
-        for listener in self._listeners:
-            listener(event, data)
+        with self._lock:
+            self._history.append((event, data))
+            for listener in self._listeners:
+                listener(event, data)
         if self.done():
             self._events.put(("finished", None))
 
@@ -223,12 +236,11 @@ class RemoteCell:
                 handle_id = info.meta.get("handle") or f"{self.cell_id}/{name}"
                 values[name] = ObjectHandle(handle_id, info.meta, release=self.cluster._release, name=name)
             elif info.kind == "module":
-                try:
-                    values[name] = importlib.import_module(info.meta["module"])
-                except ImportError:
-                    result.warnings.append(
-                        f"`{name}` is the module {info.meta['module']}, which this kernel cannot import"
-                    )
+                # Bound only if the kernel already has it: a cell's `import torch` must not
+                # load torch (or ray) into the notebook's process.
+                module = sys.modules.get(info.meta["module"])
+                if module is not None:
+                    values[name] = module
             elif info.kind == "unpicklable":
                 result.warnings.append(
                     f"`{name}` ({info.meta.get('type')}) cannot leave the cluster ({info.meta.get('error')}); "

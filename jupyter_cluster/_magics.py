@@ -154,7 +154,7 @@ class ClusterMagics(Magics):
         resources = None
         if args.resources:
             try:
-                resources = json.loads(args.resources)
+                resources = json.loads(_unquote(args.resources))
             except ValueError as exc:
                 raise UsageError(f"--resources is not JSON ({exc}); write e.g. '{{\"accelerator\": 1}}'") from None
         shell = self.shell
@@ -255,6 +255,13 @@ class ClusterMagics(Magics):
                 ns[name] = value
         names = ", ".join(result.outputs) or "nothing"
         return f"done in {result.elapsed:.2f} s; bound {names}"
+
+
+def _unquote(text: str) -> str:
+    """magic_arguments keeps the quotes around an argument; JSON wants them gone."""
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
 
 
 def _write(batch: list[tuple[str, Any]]) -> None:

@@ -1,0 +1,57 @@
+"""Shared fixtures: one embedded Ray cluster per test session, and a real IPython shell."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import jupyter_cluster as jc
+
+CPUS = 2
+
+
+@pytest.fixture(scope="session")
+def _session_cluster() -> Iterator[None]:
+    yield
+    cluster = jc.current()
+    if cluster is not None:
+        cluster.down()
+
+
+@pytest.fixture
+def cluster(_session_cluster: None) -> jc.Cluster:
+    """The session's embedded cluster (started again if a test stopped it)."""
+    return jc.current() or jc.local(cpus=CPUS)
+
+
+@pytest.fixture
+def shell(cluster: jc.Cluster) -> Iterator[Any]:
+    """A real InteractiveShell with the extension loaded and a clean namespace."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "jupyter_cluster")
+    ip.reset(new_session=False)
+    yield ip
+    ip.reset(new_session=False)
+
+
+def run(ip: Any, source: str) -> Any:
+    """Run ``source`` as a cell; return its ExecutionResult."""
+    return ip.run_cell(source, store_history=True)
+
+
+def remote(ip: Any, body: str, options: str = "") -> Any:
+    """Run ``body`` as a ``%%remote`` cell; return its ExecutionResult."""
+    return ip.run_cell(f"%%remote {options}\n{body}", store_history=True)
+
+
+@pytest.fixture
+def tmp_marker(tmp_path: Any) -> str:
+    """A file path the cluster's workers can write (same machine)."""
+    path = tmp_path / "marker"
+    os.chmod(tmp_path, 0o777)
+    return str(path)
