@@ -60,8 +60,12 @@ def check_remote_syntax(source: str) -> None:
         or is otherwise not valid Python. ``lineno``, ``offset`` and ``text`` locate the
         problem.
     """
+    _parse(source)
+
+
+def _parse(source: str) -> ast.Module:
     try:
-        ast.parse(source, _FILENAME)
+        return ast.parse(source, _FILENAME)
     except SyntaxError as exc:
         lineno = _ipython_line(source, exc)
         if lineno is not None:
@@ -92,8 +96,8 @@ def _ipython_line(source: str, error: SyntaxError) -> int | None:
     old, new = source.splitlines(), transformed.splitlines()
     if old == new:
         return None
-    same = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-    lineno = min(same + 1, len(old))
+    first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    lineno = min(first + 1, len(old))
     try:
         ast.parse(transformed, _FILENAME)
     except SyntaxError:
@@ -124,12 +128,22 @@ def analyse_cell(source: str) -> CellAnalysis:
     CellSyntaxError
         As :func:`check_remote_syntax`.
     """
-    check_remote_syntax(source)
-    tree = ast.parse(source, _FILENAME)
-    walker = _Walker()
-    for statement in tree.body:
-        walker.visit(statement)
+    tree = _parse(source)
     displays = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not _ends_quiet(source)
+    walker = _Walker()
+    try:
+        for statement in tree.body:
+            walker.visit(statement)
+    except RecursionError:
+        # Python compiles deeper expressions than this walker can recurse into: fall back to
+        # every name read and every name stored, which over-approximates both answers.
+        found = sorted(
+            (node for node in ast.walk(tree) if isinstance(node, ast.Name)),
+            key=lambda node: (node.lineno, node.col_offset),
+        )
+        inputs = dict.fromkeys(n.id for n in found if isinstance(n.ctx, ast.Load | ast.Del))
+        outputs = dict.fromkeys(n.id for n in found if isinstance(n.ctx, ast.Store))
+        return CellAnalysis(tuple(inputs), tuple(outputs), displays)
     return CellAnalysis(tuple(walker.inputs), tuple(walker.outputs), displays)
 
 
@@ -230,8 +244,6 @@ class _Walker(ast.NodeVisitor):
         # Method bodies wait until their class is bound, since they run only after that.
         self.pending: list[tuple[_Scope, list[ast.stmt]]] = []
 
-    # -- name resolution -------------------------------------------------------------
-
     def _is_global(self, name: str) -> bool:
         scope: _Scope | None = self.scope
         first = True
@@ -305,8 +317,6 @@ class _Walker(ast.NodeVisitor):
         bound = ({arg.arg for arg in _parameters(args)} | names) - globals_ - nonlocals
         return _Scope("function", self.scope, bound, globals_, nonlocals, immediate=False)
 
-    # -- expressions -----------------------------------------------------------------
-
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
             self._load(node.id)
@@ -360,8 +370,6 @@ class _Walker(ast.NodeVisitor):
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _visit_comprehension
 
-    # -- statements ------------------------------------------------------------------
-
     def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = node.args
         evaluated = [*node.decorator_list, *args.defaults, *args.kw_defaults]
@@ -403,11 +411,7 @@ class _Walker(ast.NodeVisitor):
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         if isinstance(node.target, ast.Name):
             self._load(node.target.id)
-            self.visit(node.value)
-            self._store(node.target.id)
-        else:
-            self.visit(node.target)
-            self.visit(node.value)
+        self.generic_visit(node)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
@@ -420,20 +424,10 @@ class _Walker(ast.NodeVisitor):
             self.visit(node.annotation)
 
     def _visit_for(self, node: ast.For | ast.AsyncFor) -> None:
-        self.visit(node.iter)
-        self.visit(node.target)
-        self._walk(self.scope, [*node.body, *node.orelse])
+        for child in (node.iter, node.target, *node.body, *node.orelse):
+            self.visit(child)
 
     visit_For = visit_AsyncFor = _visit_for
-
-    def _visit_with(self, node: ast.With | ast.AsyncWith) -> None:
-        for item in node.items:
-            self.visit(item.context_expr)
-            if item.optional_vars is not None:
-                self.visit(item.optional_vars)
-        self._walk(self.scope, node.body)
-
-    visit_With = visit_AsyncWith = _visit_with
 
     def visit_If(self, node: ast.If) -> None:
         self.visit(node.test)
@@ -460,19 +454,15 @@ class _Walker(ast.NodeVisitor):
         if node.name is None:
             self._walk(self.scope, node.body)
             return
-        # Python deletes the name when the handler ends, so it is put back as it was.
+        # Python deletes the name when the handler ends: it is bound only inside, never output.
         scope, name = self.scope, node.name
         was_bound, was_output = name in scope.bound, name in self.outputs
-        if scope.kind == "module":
+        if scope.kind in ("module", "class"):
             scope.bound.add(name)
-        else:
-            self._store(name)
         self._walk(scope, node.body)
-        if not was_bound and scope.kind in ("module", "class"):
+        if not was_bound:
             scope.bound.discard(name)
-        if was_output:
-            self.outputs.setdefault(name)
-        else:
+        if not was_output:
             self.outputs.pop(name, None)
 
     def _visit_pattern(self, node: ast.MatchAs | ast.MatchStar | ast.MatchMapping) -> None:

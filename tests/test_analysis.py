@@ -7,7 +7,12 @@ import textwrap
 
 import pytest
 
-from jupyter_cluster._analysis import CellAnalysis, CellSyntaxError, analyse_cell, check_remote_syntax
+from jupyter_cluster._analysis import (
+    CellAnalysis,
+    CellSyntaxError,
+    analyse_cell,
+    check_remote_syntax,
+)
 
 
 def names(source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -284,6 +289,17 @@ CASES = {
         ("command", "Point", "Color"),
         ("a", "first", "rest", "v", "others", "whole"),
     ),
+    "except name bound before the handler stays an output": (
+        """
+        e = None
+        try:
+            run()
+        except ValueError as e:
+            pass
+        """,
+        ("run", "ValueError"),
+        ("e",),
+    ),
     "except name is not an output": (
         """
         try:
@@ -337,6 +353,26 @@ CASES = {
         ("flag", "y"),
         ("y", "z"),
     ),
+    "del in one branch keeps the output": (
+        """
+        x = 1
+        if flag:
+            del x
+        print(x)
+        """,
+        ("flag", "print", "x"),
+        ("x",),
+    ),
+    "future import binds nothing and defers annotations": (
+        """
+        from __future__ import annotations
+        def f(x: Model) -> Result:
+            return x
+        y: Model = f(1)
+        """,
+        (),
+        ("f", "y"),
+    ),
     "builtins are not filtered": ("print(len(range(3)))", ("print", "len", "range"), ()),
 }
 
@@ -364,6 +400,11 @@ def test_displays_last(source: str, expected: bool) -> None:
     assert analyse_cell(source).displays_last is expected
 
 
+def test_too_deep_for_the_walker_over_approximates() -> None:
+    source = "a = 1\nb = " + "a + " * 2500 + "c\n"
+    assert names(source) == (("a", "c"), ("a", "b"))
+
+
 def test_analysis_is_a_frozen_value() -> None:
     analysis = analyse_cell("y = x")
     assert analysis == CellAnalysis(inputs=("x",), outputs=("y",), displays_last=False)
@@ -387,7 +428,8 @@ def test_unclosed_bracket_reports_its_line() -> None:
 
 
 def test_leading_indentation_is_a_plain_syntax_error() -> None:
-    with pytest.raises(CellSyntaxError, match="invalid syntax in the remote cell, line 1: unexpected indent"):
+    message = "invalid syntax in the remote cell, line 1: unexpected indent"
+    with pytest.raises(CellSyntaxError, match=message):
         check_remote_syntax("    x = 1\n    y = 2\n")
 
 

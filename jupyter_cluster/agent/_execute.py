@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import ctypes
 import io
 import os
 import sys
@@ -32,6 +33,16 @@ import cloudpickle
 Sink = Callable[[list[tuple[str, Any]]], None]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def interrupt_thread(ident: int) -> bool:
+    """Raise KeyboardInterrupt in thread ``ident`` at its next Python instruction.
+
+    How a running cell is interrupted where no signal can reach it (an actor's
+    thread, the agent's driver thread); a C call blocking that thread ends first.
+    """
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+    return bool(done == 1)
 
 
 def cell_filename(cell_id: str) -> str:

@@ -11,7 +11,6 @@ cell's result.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import importlib
 import os
 import threading
@@ -25,6 +24,7 @@ from ._execute import (
     CellSpec,
     OutputInfo,
     fresh_namespace,
+    interrupt_thread,
     run_in_namespace,
     unwrap,
 )
@@ -103,14 +103,6 @@ def run_map_chunk(
 def run_function(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``jc.submit``: call a notebook function on the cluster."""
     return unwrap(fn)(*(unwrap(a) for a in args), **kwargs)
-
-
-def interrupt_thread(ident: int) -> bool:
-    """Raise KeyboardInterrupt in thread ``ident`` at its next Python instruction."""
-    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt)
-    )
-    return bool(done == 1)
 
 
 @ray.remote(concurrency_groups={"cells": 1, "control": 1})
