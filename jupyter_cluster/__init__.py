@@ -19,6 +19,7 @@ from ._cell import CellResult, RemoteCell, RemoteRepr
 from ._cluster import Cluster, ClusterStatus, current, local
 from ._errors import (
     AgentLostError,
+    CellSourceError,
     CellTimeoutError,
     ClusterConnectionError,
     ClusterError,
@@ -79,6 +80,7 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
 __all__ = [
     "AgentLostError",
     "CellResult",
+    "CellSourceError",
     "CellTimeoutError",
     "Cluster",
     "ClusterConnectionError",

@@ -78,7 +78,7 @@ def _parse(source: str) -> ast.Module:
             offset = len(text) - len(text.lstrip()) + 1
             raise CellSyntaxError(message, (_FILENAME, lineno, offset, text + "\n")) from None
         where = f", line {exc.lineno}" if exc.lineno is not None else ""
-        message = f"invalid syntax in the remote cell{where}: {exc.msg}; fix it and run it again"
+        message = f"invalid syntax in the remote cell{where}: {exc.msg}"
         position = (exc.lineno, exc.offset, exc.text, exc.end_lineno, exc.end_offset)
         raise CellSyntaxError(message, (_FILENAME, *position)) from None
 

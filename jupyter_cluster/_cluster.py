@@ -225,6 +225,8 @@ class Cluster:
             isinstance(resources, dict) and all(isinstance(v, (int, float)) for v in resources.values())
         ):
             raise ValueError('resources must map names to amounts, e.g. {"accelerator": 1}')
+        if resources and {"CPU", "GPU"} & set(resources):
+            raise ValueError("ask for CPUs and GPUs with --cpus and --gpus (cpus=, gpus=), not in resources")
         return {
             "cpus": cpus,
             "gpus": gpus,

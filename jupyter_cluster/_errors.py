@@ -50,6 +50,27 @@ class RequestError(ClusterError):
         self.detail = detail or {}
 
 
+class CellSourceError(ClusterError):
+    """A ``%%remote`` cell's source cannot run on the cluster (a syntax error, say).
+
+    Raised by the magic in place of the :class:`SyntaxError` that
+    :meth:`Cluster.run_cell` raises, so the notebook shows the cell's line and not
+    the frames of IPython's magic machinery.
+    """
+
+    def __init__(self, error: SyntaxError) -> None:
+        super().__init__(error.msg)
+        self.lineno, self.offset, self.text = error.lineno, error.offset, error.text
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [f"{RED}SyntaxError{RESET}: {self}"]
+        if self.text and self.lineno:
+            lines.append(f"  {self.lineno:>4} {self.text.rstrip()}")
+            if self.offset:
+                lines.append(" " * (7 + self.offset - 1) + "^")
+        return lines
+
+
 class InputError(ClusterError, ValueError):
     """A cell's input cannot be sent to the cluster."""
 

@@ -66,6 +66,12 @@ class ObjectHandle:
         if release is not None:
             weakref.finalize(self, release, handle_id)
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a handle to a remote value can travel as a variable of its own, or in a list or "
+            "tuple of them, but not inside another object"
+        )
+
     @property
     def pending(self) -> bool:
         """True until the cell that computes it has finished."""

@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import _cluster
 from ._cell import CellResult, RemoteCell
-from ._errors import RemoteError, plain
+from ._errors import CellSourceError, ClusterError, RemoteError, plain
 from ._handles import ObjectHandle, parse_size
 
 _MAP = re.compile(r"--map\s+([A-Za-z_]\w*)\s+in\s+(.+?)(?=\s+--[a-z]|\s*$)")
@@ -179,8 +179,10 @@ class ClusterMagics(Magics):
                 retries=args.retries, timeout=args.timeout, pending_handles=args.run_async,
                 label=f"Cell In[{shell.execution_count}]",
             )
+        except SyntaxError as exc:
+            raise CellSourceError(exc) from None
         except ValueError as exc:
-            if isinstance(exc, SyntaxError) or type(exc).__module__.startswith("jupyter_cluster"):
+            if isinstance(exc, ClusterError):
                 raise
             raise UsageError(str(exc)) from None
         if args.run_async:

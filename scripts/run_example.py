@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     output: Path = (args.output or source.with_name(source.name.removesuffix(".ipynb") + ".out.ipynb")).resolve()
 
     nb = nbformat.read(source, as_version=4)
-    client = NotebookClient(nb, timeout=args.timeout, kernel_name=args.kernel,
-                            resources={"metadata": {"path": str(source.parent)}})
+    client = NotebookClient(
+        nb, timeout=args.timeout, kernel_name=args.kernel, resources={"metadata": {"path": str(source.parent)}}
+    )
     print(f"Running {_shown(source)} ({len(nb.cells)} cells)…", flush=True)
     start = time.perf_counter()
     failed: BaseException | None = None

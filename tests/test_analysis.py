@@ -418,7 +418,7 @@ def test_syntax_error_reports_its_line() -> None:
         analyse_cell(source)
     error = caught.value
     assert isinstance(error, SyntaxError)
-    assert str(error).startswith("invalid syntax in the remote cell, line 3: invalid syntax")
+    assert str(error) == "invalid syntax in the remote cell, line 3: invalid syntax"
     assert (error.lineno, error.offset, error.text) == (3, 5, "c = = 3\n")
 
 

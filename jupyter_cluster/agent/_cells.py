@@ -83,6 +83,11 @@ def assemble(*parts: Any) -> list[Any]:
     return [unwrap(p) for p in parts]
 
 
+@ray.remote(num_cpus=0)
+def assemble_tuple(items: list[Any]) -> tuple[Any, ...]:
+    return tuple(items)
+
+
 def _format_resources(resources: dict[str, float]) -> str:
     shown = []
     for key, value in sorted(resources.items()):
@@ -220,6 +225,11 @@ class CellRunner:
                 if held is None or held[0] != data:
                     raise CellRequestError(f"input `{name}` is no longer held by the agent; run the cell again")
                 args.append(held[1])
+            elif kind == "parts":
+                container, parts = data
+                values = [await self.object_ref(d) if k == "handle" else Pickled(d) for k, d in parts]
+                ref = assemble.remote(*values)
+                args.append(assemble_tuple.remote(ref) if container == "tuple" else ref)
             elif kind == "value":
                 digest, blob = data
                 value = await self.loop.run_in_executor(None, self._load_input, blob)

@@ -1,0 +1,90 @@
+"""Bad input gets a clear error and loses nothing: namespace, session and work survive."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+import jupyter_cluster as jc
+
+from .conftest import remote, run
+
+
+def _usage(res: Any) -> str:
+    assert isinstance(res.error_in_exec, UsageError), res.error_in_exec
+    return str(res.error_in_exec)
+
+
+def test_syntax_error_names_the_line_and_sends_nothing(shell: Any, cluster: jc.Cluster) -> None:
+    run(shell, "keep = 1")
+    objects = cluster.status().data["objects"]
+    res = remote(shell, "x = 1\ny = (2 +\nz = 3")
+    error = res.error_in_exec
+    assert isinstance(error, jc.CellSourceError)
+    assert "line 2" in str(error) and "never closed" in str(error)
+    assert error.lineno == 2
+    assert "y = (2 +" in "\n".join(error._render_traceback_())
+    assert cluster.status().data["objects"] == objects
+    assert shell.user_ns["keep"] == 1
+
+
+def test_ipython_syntax_inside_a_remote_cell_is_refused(shell: Any) -> None:
+    res = remote(shell, "x = 1\n!ls\ny = 2")
+    assert isinstance(res.error_in_exec, jc.CellSourceError)
+    assert "line 2" in str(res.error_in_exec) and "IPython" in str(res.error_in_exec)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ("--nodes 2", "unrecognized"),
+        ("--cpus two", "invalid float"),
+        ("--actor a --driver", "choose one"),
+        ("--out a --no-out", "contradict"),
+        ("--out 'a b,c'", "not names"),
+        ("--resources {oops}", "not JSON"),
+        ("--resources '{\"CPU\": 1}'", "with --cpus"),
+        ("--map x range(3)", "--map NAME in EXPR"),
+        ("--map x in undefined_name", "NameError"),
+        ("--map x in []", "no items"),
+        ("--memory lots", "not a size"),
+        ("--cpus -1", "must not be negative"),
+        ("--timeout 0", "timeout must be positive"),
+    ],
+)
+def test_bad_options_are_usage_errors(shell: Any, options: str, expected: str) -> None:
+    run(shell, "keep = 'safe'")
+    assert expected in _usage(remote(shell, "x = 1", options))
+    assert shell.user_ns["keep"] == "safe"
+
+
+def test_unknown_cluster_command(shell: Any) -> None:
+    res = run(shell, "%cluster fly")
+    assert isinstance(res.error_in_exec, UsageError)
+    assert "invalid choice" in str(res.error_in_exec)
+
+
+def test_running_work_survives_a_bad_cell(shell: Any) -> None:
+    assert remote(shell, "import time\ntime.sleep(1.5)\nlate = 'arrived'", "--async").success
+    assert isinstance(remote(shell, "x = 1", "--gpus 64").error_in_exec, jc.RequestError)
+    assert isinstance(remote(shell, "x = (", "").error_in_exec, jc.CellSourceError)
+    shell.user_ns["late"].wait(30)
+    assert jc.get(shell.user_ns["late"]) == "arrived"
+
+
+def test_agent_death_is_a_clear_error_and_local_starts_afresh(shell: Any, cluster: jc.Cluster) -> None:
+    run(shell, "precious = [1, 2, 3]")
+    cell = cluster.run_cell("import time\ntime.sleep(60)")
+    time.sleep(0.5)
+    assert cluster._agent is not None
+    cluster._agent.process.kill()
+    with pytest.raises(jc.AgentLostError, match="embedded agent process exited"):
+        cell.result(30)
+    res = remote(shell, "y = precious")
+    # With the old agent gone, the next cell starts a new embedded cluster and works.
+    assert res.success, res.error_in_exec
+    assert shell.user_ns["y"] == [1, 2, 3] and shell.user_ns["precious"] == [1, 2, 3]
+    assert jc.current() is not cluster

@@ -1,0 +1,90 @@
+"""Every notebook in examples/ runs top to bottom in a real kernel, without an error.
+
+Each notebook starts its own embedded cluster in its own kernel (through nbclient), so
+this module does not use the shared test cluster. Besides "no cell raised", the
+quickstart's own checks are looked for in its output: the parallel timing checks,
+the counter actors and the map-reduce.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(900)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+NOTEBOOKS = sorted(p for p in EXAMPLES.glob("*.ipynb") if not p.name.endswith(".out.ipynb"))
+
+#: Text each notebook must print (in stdout or a displayed value), besides running cleanly.
+EXPECTED: dict[str, list[str]] = {
+    "01-quickstart.ipynb": [
+        "Attached to <Cluster embedded local",
+        "parallel tasks: OK",
+        "parallel ray.remote tasks: OK",
+        "499999500000",
+        "a 1.2 s task finished; 0 still running",
+        "<remote ndarray float64 (500, 500)",
+        "counter actor: 4",
+        "ray actor counter: 4",
+        "both ways agree",
+        "Stopped the embedded cluster.",
+    ],
+}
+
+
+@pytest.fixture(scope="session")
+def python3_kernel() -> str:
+    """The ``python3`` kernel nbclient runs; installed into this environment if missing."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec("python3")
+    except NoSuchKernel:
+        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix"], check=True)
+        KernelSpecManager().get_kernel_spec("python3")
+    return "python3"
+
+
+def _texts(cell: Any) -> list[str]:
+    texts = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            texts.append(output.get("text", ""))
+        elif "data" in output:
+            texts.append(str(output["data"].get("text/plain", "")))
+    return texts
+
+
+def test_there_are_examples() -> None:
+    assert any(p.name == "01-quickstart.ipynb" for p in NOTEBOOKS)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_example_runs(path: Path, python3_kernel: str, tmp_path: Path) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb, timeout=600, kernel_name=python3_kernel, resources={"metadata": {"path": str(EXAMPLES)}}
+    )
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        nbformat.write(nb, tmp_path / path.name)
+        pytest.fail(f"{path.name}: a cell failed (executed copy in {tmp_path / path.name}):\n{exc}")
+
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"{path.name}: error outputs: {errors}"
+    unrun = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("execution_count") is None]
+    assert not unrun, f"{path.name}: code cells that did not run: {unrun}"
+
+    printed = "\n".join(text for cell in nb.cells if cell.cell_type == "code" for text in _texts(cell))
+    missing = [text for text in EXPECTED.get(path.name, []) if text not in printed]
+    assert not missing, f"{path.name}: expected output not found: {missing}\n--- output ---\n{printed}"
