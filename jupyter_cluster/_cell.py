@@ -197,6 +197,8 @@ class RemoteCell:
             return
         if self.spec.map_name is not None:
             for name in self.spec.outputs:
+                if any(o.outputs.get(name) and o.outputs[name].kind == "module" for o in outcomes):
+                    continue  # an `import` in a map cell must not turn a module into a list
                 result.outputs[name] = [item.get(name) for item in per_item]
             values = [self._value(o.value) for o in outcomes]
             result.has_value = self.spec.display_last and any(v is not None for v in values)

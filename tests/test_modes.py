@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -141,3 +142,19 @@ def test_put_handle_reads_as_a_value_in_a_cell(shell: Any) -> None:
 def test_options_combine(shell: Any, options: str) -> None:
     assert remote(shell, "a = 1\nb = 2", options).success
     assert shell.user_ns["b"] == 2
+
+
+def test_ray_objects_stay_on_the_cluster(shell: Any) -> None:
+    source = "@ray.remote\ndef twice(x):\n    return 2 * x\nrefs = [twice.remote(i) for i in range(3)]"
+    assert remote(shell, source, "--driver").success
+    assert isinstance(shell.user_ns["twice"], jc.ObjectHandle)
+    assert isinstance(shell.user_ns["refs"], jc.ObjectHandle)
+    assert remote(shell, "ray.get(refs) + [ray.get(twice.remote(5))]", "--driver").result == [0, 2, 4, 10]
+    assert "ray" not in sys.modules
+
+
+def test_imports_in_a_map_cell_do_not_become_lists(shell: Any) -> None:
+    run(shell, "import math")
+    assert remote(shell, "import math\nr = math.sqrt(v)", "--map v in [4, 9]").success
+    assert shell.user_ns["r"] == [2.0, 3.0]
+    assert shell.user_ns["math"].sqrt(16) == 4.0

@@ -71,6 +71,8 @@ class RunningCell:
     thread: int | None = None
     cancelled: str = ""
     chunks: int = 0
+    early: dict[tuple[int, int], list[tuple[str, Any]]] = field(default_factory=dict)
+    following: dict[int, int] = field(default_factory=dict)
     chunk_event: asyncio.Event = field(default_factory=asyncio.Event)
     started: float = field(default_factory=time.time)
     done_items: int = 0
@@ -130,15 +132,20 @@ class CellRunner:
                 self.relay = OutputRelay.remote()
                 await asyncio.sleep(0.1)
                 continue
-            for cell_id, batch in batches:
-                self._deliver(cell_id, batch)
+            for cell_id, stream, index, batch in batches:
+                self._deliver(cell_id, stream, index, batch)
 
-    def _deliver(self, cell_id: str, batch: list[tuple[str, Any]]) -> None:
+    def _deliver(self, cell_id: str, stream: int, index: int, batch: list[tuple[str, Any]]) -> None:
         cell = self.running.get(cell_id)
         if cell is None:
             return
-        cell.emit("stream", batch)
-        cell.chunks += 1
+        cell.early[stream, index] = batch
+        following = cell.following.get(stream, 0)
+        while (stream, following) in cell.early:  # in the order the cell wrote them
+            cell.emit("stream", cell.early.pop((stream, following)))
+            following += 1
+            cell.chunks += 1
+        cell.following[stream] = following
         cell.chunk_event.set()
 
     async def _await_chunks(self, cell: RunningCell, count: int, timeout: float = 10.0) -> None:
@@ -356,7 +363,7 @@ class CellRunner:
     async def _run_driver(self, cell: RunningCell, spec: CellSpec, request: dict[str, Any]) -> dict[str, Any]:
         args = await self.resolve_inputs(request["inputs"])
 
-        def sink(batch: list[tuple[str, Any]]) -> None:
+        def sink(index: int, batch: list[tuple[str, Any]]) -> None:
             self.loop.call_soon_threadsafe(cell.emit, "stream", batch)
 
         def run() -> tuple[CellOutcome, list[Any]]:
@@ -390,7 +397,7 @@ class CellRunner:
         per_chunk = min(per_chunk, int(options.get("chunk") or per_chunk))
         remote = self._remote(run_map_chunk, 1, ray_opts)
         chunks = [items[i : i + per_chunk] for i in range(0, len(items), per_chunk)]
-        refs = [remote.remote(spec, self.relay, chunk, *args) for chunk in chunks]
+        refs = [remote.remote(spec, self.relay, i, chunk, *args) for i, chunk in enumerate(chunks)]
         cell.refs, cell.total_items = refs, len(items)
         futures = {self._as_future(r): i for i, r in enumerate(refs)}
         futures_pending = set(futures)

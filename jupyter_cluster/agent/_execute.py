@@ -16,6 +16,7 @@ import builtins
 import ctypes
 import io
 import os
+import re
 import sys
 import threading
 import time
@@ -28,9 +29,10 @@ from typing import Any
 
 import cloudpickle
 
-#: Where a stream chunk goes: ``sink(chunks)``; each chunk is ``(kind, data)`` with kind
-#: ``"stdout"``, ``"stderr"`` (data a str) or ``"display"`` (data a mime bundle).
-Sink = Callable[[list[tuple[str, Any]]], None]
+#: Where output goes: ``sink(index, batch)``, batches numbered from 0 (a relay may
+#: reorder them); each item is ``(kind, data)`` with kind ``"stdout"``, ``"stderr"``
+#: (data a str) or ``"display"`` (data a mime bundle).
+Sink = Callable[[int, list[tuple[str, Any]]], None]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -152,7 +154,8 @@ class CellOutput:
                 self._pending[-1] = (kind, self._pending[-1][1] + data)
             else:
                 self._pending.append((kind, data))
-            due = time.monotonic() - self._last_send >= self._interval
+            # A partial line waits for the rest of it (print writes text, then "\n").
+            due = time.monotonic() - self._last_send >= self._interval and (kind == "display" or "\n" in data)
             if not due and self._timer is None:
                 self._timer = threading.Timer(self._interval, self.flush)
                 self._timer.daemon = True
@@ -169,8 +172,8 @@ class CellOutput:
             if not batch:
                 return
             self._last_send = time.monotonic()
+            self._sink(self.sends, batch)
             self.sends += 1
-            self._sink(batch)
 
     def close(self) -> None:
         self.flush()
@@ -278,7 +281,15 @@ def package_value(value: Any, threshold: int) -> tuple[OutputInfo, Any]:
     if len(data) > threshold:
         meta = {**describe(value), "nbytes": nbytes if nbytes is not None else len(data)}
         return OutputInfo("remote", meta=meta), Pickled(data)
+    if _NEEDS_RAY.search(data):
+        # Ray objects (ObjectRefs, remote functions, actor handles) mean nothing without
+        # Ray, and the kernel never imports it: they stay on the cluster behind a handle.
+        return OutputInfo("remote", meta={**describe(value), "nbytes": len(data)}), value
     return OutputInfo("inline", data=data), value
+
+
+#: A pickle that imports a module of Ray's: SHORT_BINUNICODE "ray" or "ray.…", memoized.
+_NEEDS_RAY = re.compile(rb"\x8c[\x03-\xff]ray[.\x94]")
 
 
 def unwrap(value: Any) -> Any:

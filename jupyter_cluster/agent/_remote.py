@@ -50,8 +50,8 @@ def bind_inputs(spec: CellSpec, ns: dict[str, Any], values: tuple[Any, ...]) -> 
         ns[name] = unwrap(value)
 
 
-def _relay_sink(relay: Any, cell_id: str) -> Any:
-    return lambda batch: relay.push.remote(cell_id, batch)
+def _relay_sink(relay: Any, cell_id: str, stream: int = 0) -> Any:
+    return lambda index, batch: relay.push.remote(cell_id, stream, index, batch)
 
 
 def _returns(outcome: CellOutcome, values: list[Any]) -> Any:
@@ -73,7 +73,7 @@ def run_cell_task(spec: CellSpec, relay: Any, *values: Any) -> Any:
 
 @ray.remote
 def run_map_chunk(
-    spec: CellSpec, relay: Any, items: list[Any], *values: Any
+    spec: CellSpec, relay: Any, chunk: int, items: list[Any], *values: Any
 ) -> list[tuple[CellOutcome, list[Any]]]:
     """Several items of a ``--map`` cell, each in its own fresh namespace.
 
@@ -81,7 +81,7 @@ def run_map_chunk(
     outcome, so nothing large is copied to the agent.
     """
     results = []
-    output = CellOutput(_relay_sink(relay, spec.cell_id))
+    output = CellOutput(_relay_sink(relay, spec.cell_id, chunk))
     assert spec.map_name is not None
     for item in items:
         ns = fresh_namespace()
@@ -144,7 +144,7 @@ class OutputRelay:
     """Carries printed output from workers to the agent while cells run."""
 
     def __init__(self) -> None:
-        self._batches: list[tuple[str, list[tuple[str, Any]]]] = []
+        self._batches: list[tuple[str, int, int, list[tuple[str, Any]]]] = []
         self._ready: asyncio.Event | None = None
 
     def _event(self) -> asyncio.Event:
@@ -152,11 +152,13 @@ class OutputRelay:
             self._ready = asyncio.Event()
         return self._ready
 
-    async def push(self, cell_id: str, batch: list[tuple[str, Any]]) -> None:
-        self._batches.append((cell_id, batch))
+    async def push(self, cell_id: str, stream: int, index: int, batch: list[tuple[str, Any]]) -> None:
+        # An async actor may run calls out of order: ``index`` lets the agent sort them
+        # (per ``stream``: each chunk task of a --map cell numbers its own batches).
+        self._batches.append((cell_id, stream, index, batch))
         self._event().set()
 
-    async def pull(self) -> list[tuple[str, list[tuple[str, Any]]]]:
+    async def pull(self) -> list[tuple[str, int, int, list[tuple[str, Any]]]]:
         await self._event().wait()
         self._event().clear()
         batches, self._batches = self._batches, []

@@ -1,0 +1,154 @@
+"""The wire protocol: framing, the outbox, and resume/dedup against the real agent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from typing import Any
+
+import cloudpickle
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster.agent._execute import CellSpec
+from jupyter_cluster.agent._protocol import Frame, ProtocolError, SessionOutbox, read_frame, write_frame
+
+
+# Framing and outbox, no Ray --------------------------------------------------------
+def _reader(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+def test_frames_round_trip() -> None:
+    frames = [Frame({"type": "a", "n": 1}), Frame({"type": "b"}, b"x" * 3_000_000), Frame({"type": "c"}, b"\0")]
+    data = b"".join(f.encode() for f in frames)
+
+    async def read_all() -> list[Frame]:
+        reader = _reader(data)
+        return [await read_frame(reader) for _ in frames]
+
+    assert asyncio.run(read_all()) == frames
+
+
+def test_garbage_is_a_protocol_error() -> None:
+    async def read(data: bytes) -> Frame:
+        return await read_frame(_reader(data))
+
+    with pytest.raises(ProtocolError):
+        asyncio.run(read(b"\xff\xff\xff\xff" + b"\0" * 8))
+    with pytest.raises(ProtocolError):
+        asyncio.run(read(b"\0\0\0\x03" + b"\0" * 8 + b"abc"))
+    with pytest.raises(asyncio.IncompleteReadError):
+        asyncio.run(read(Frame({"type": "a"}, b"12345").encode()[:-2]))
+
+
+def test_outbox_keeps_until_acked_and_replays_in_order() -> None:
+    box = SessionOutbox()
+    for i in range(5):
+        box.append({"type": "event", "i": i})
+    assert [f.header["seq"] for f in box.after(2)] == [3, 4, 5]
+    box.ack(3)
+    assert len(box) == 2
+    assert [f.header["i"] for f in box.after(0)] == [3, 4]
+    box.ack(99)  # an ack beyond what was sent acks what was sent, no more
+    assert len(box) == 0 and box.acked == 5
+    assert box.append({"type": "event"}).header["seq"] == 6
+
+
+# Against the real agent ----------------------------------------------------------
+class RawSession:
+    """A bare protocol client, to drive the agent below the kernel's link."""
+
+    def __init__(self, cluster: jc.Cluster, name: str, secret: str | None = None) -> None:
+        assert cluster._agent is not None
+        self.path = cluster._agent.socket
+        self.secret = cluster._agent.secret if secret is None else secret
+        self.name = name
+        self.last_seq = 0
+
+    async def open(self) -> Frame:
+        self.reader, self.writer = await asyncio.open_unix_connection(self.path)
+        hello = {"type": "hello", "secret": self.secret, "session": self.name, "last_seq": self.last_seq}
+        write_frame(self.writer, Frame(hello))
+        return await asyncio.wait_for(read_frame(self.reader), 10)
+
+    def request(self, request_id: str, op: str, body: dict[str, Any]) -> None:
+        write_frame(self.writer, Frame({"type": "request", "id": request_id, "op": op}, cloudpickle.dumps(body)))
+
+    async def next_event(self) -> tuple[dict[str, Any], Any]:
+        frame = await asyncio.wait_for(read_frame(self.reader), 30)
+        self.last_seq = frame.header["seq"]
+        return frame.header, cloudpickle.loads(frame.payload) if frame.payload else None
+
+    def drop(self) -> None:
+        self.writer.transport.abort()
+
+
+def _driver_cell(cell_id: str, source: str) -> dict[str, Any]:
+    return {"spec": CellSpec(cell_id=cell_id, source=source), "mode": "driver", "options": {}, "inputs": []}
+
+
+def test_connection_without_the_secret_is_refused(cluster: jc.Cluster) -> None:
+    async def attempt() -> Frame:
+        return await RawSession(cluster, "intruder", secret="not-the-secret").open()
+
+    answer = asyncio.run(attempt())
+    assert answer.type == "refused" and "secret" in answer.header["reason"]
+
+
+def test_socket_folder_is_private(cluster: jc.Cluster) -> None:
+    assert cluster._agent is not None
+    folder = os.path.dirname(cluster._agent.socket)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cluster._agent.socket).st_mode) == 0o600
+
+
+def test_resume_replays_exactly_what_was_missed(cluster: jc.Cluster) -> None:
+    source = "import time\nfor i in range(6):\n    print(f'line {i}', flush=True)\n    time.sleep(0.3)\n"
+    texts: list[str] = []
+
+    async def scenario() -> list[str]:
+        session = RawSession(cluster, f"resume-{time.time()}")
+        assert (await session.open()).type == "welcome"
+        session.request("r1", "run_cell", _driver_cell(f"resume-{time.time()}", source))
+        while not any("line 1" in t for t in texts):
+            header, data = await session.next_event()
+            if header["event"] == "stream":
+                texts.extend(text for _, text in data)
+        session.drop()  # no ack was sent: the agent must keep and replay the rest
+        await asyncio.sleep(1.0)  # lines are printed while nobody is attached
+        assert (await session.open()).type == "welcome"
+        session.request("r1", "run_cell", _driver_cell("never-runs", source))  # a re-sent request
+        while True:
+            header, data = await session.next_event()
+            if header["event"] == "stream":
+                texts.extend(text for _, text in data)
+            if header.get("final"):
+                finals = [header]
+                break
+        # Nothing else arrives for r1: the re-sent request did not run a second time.
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(read_frame(session.reader), 1.5)
+        assert finals[0]["event"] == "done"
+        return texts
+
+    lines = "".join(asyncio.run(scenario())).splitlines()
+    assert lines == [f"line {i}" for i in range(6)]
+
+
+def test_kernel_link_survives_dropped_connections_mid_cell(cluster: jc.Cluster) -> None:
+    source = "import time\nfor i in range(20):\n    print(i, flush=True)\n    time.sleep(0.1)\nn = 20"
+    cell = cluster.run_cell(source)
+    for _ in range(3):
+        time.sleep(0.5)
+        cluster._link.drop_connection()
+    result = cell.result(60)
+    assert result.outputs["n"] == 20
+    assert cell.stdout.split() == [str(i) for i in range(20)]
+    # The link is usable afterwards.
+    assert cluster.run_cell("m = 1").result(30).outputs["m"] == 1
