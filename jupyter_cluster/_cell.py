@@ -156,6 +156,7 @@ class RemoteCell:
         elif event == "progress":
             self.progress = (data["done"], data["total"])
         elif event == "done":
+            self.cluster._ledger.accepted(self._shipped)
             self._finish(data)
         elif event in ("error", "lost"):
             error = data if isinstance(data, BaseException) else RequestError(data.get("message", "failed"), data)

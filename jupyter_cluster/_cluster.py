@@ -9,6 +9,7 @@ notebook-side mirror of Ray's core API (``submit``, ``map``, ``put``, ``get``,
 from __future__ import annotations
 
 import itertools
+import linecache
 import platform
 import threading
 import uuid
@@ -25,7 +26,7 @@ from ._handles import ObjectHandle, format_size, parse_size
 from ._inputs import InputLedger, pickle_value
 from ._link import AgentLink, UnixTransport
 from ._local import EmbeddedAgent
-from .agent._execute import CellSpec
+from .agent._execute import CellSpec, cell_filename
 
 #: Outputs larger than this stay on the cluster behind a handle.
 DEFAULT_THRESHOLD = 1 << 20
@@ -179,6 +180,9 @@ class Cluster:
         if actor:
             options["actor"] = actor
         analysis = analyse_cell(source)
+        # Tracebacks through this cell's code, now or from a later cell, find its lines.
+        filename = cell_filename(source)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         namespace = {} if namespace is None else namespace
         skip = set(hidden) | {"display"}
         map_name = None

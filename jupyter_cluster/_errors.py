@@ -141,8 +141,10 @@ def remote_error(failure: RemoteFailure, source: str, cell_id: str, label: str, 
 
 
 def _frame_label(filename: str, error: RemoteError) -> tuple[str, list[str]]:
-    if filename == cell_filename(error.cell_id):
+    if filename == cell_filename(error.source):
         return f"{error.label} on the cluster ({error.where})", error.source.splitlines()
+    if filename.startswith("<remote-cell-"):
+        return "an earlier remote cell", [line.rstrip("\n") for line in linecache.getlines(filename)]
     try:
         from IPython import get_ipython
 

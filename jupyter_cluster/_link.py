@@ -34,6 +34,9 @@ T = TypeVar("T")
 
 EventCallback = Callable[[str, Any], None]
 
+#: Seconds the kernel waits before acknowledging events (so acks are batched).
+ACK_DELAY = 0.05
+
 
 class Transport(Protocol):
     """How bytes reach the agent's socket: a local Unix socket, or one over SSH."""
@@ -248,10 +251,11 @@ class AgentLink:
                 request.future.set_result(data)
 
     def _schedule_ack(self) -> None:
-        # One ack per burst of frames: it runs once the reader has drained what arrived.
+        # Acks only free the agent's outbox: one per burst, a moment later, is plenty
+        # and keeps them off the path of a quick cell's round trip.
         if not self._ack_scheduled:
             self._ack_scheduled = True
-            asyncio.get_running_loop().call_soon(self._send_ack)
+            asyncio.get_running_loop().call_later(ACK_DELAY, self._send_ack)
 
     def _send_ack(self) -> None:
         self._ack_scheduled = False

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -107,10 +109,8 @@ class CellRunner:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        here = ray.get_runtime_context().get_node_id()
-        self.relay = OutputRelay.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)
-        ).remote()
+        self.relay_name = f"jupyter-cluster-relay-{os.getpid()}"
+        self.relay = self._start_relay()
         self.running: dict[str, RunningCell] = {}
         self.objects: dict[str, Any] = {}
         self.inputs: dict[str, tuple[str, Any]] = {}
@@ -123,13 +123,20 @@ class CellRunner:
         self._pump = loop.create_task(self._pump_output())
 
     # ----------------------------------------------------------------- output
+    def _start_relay(self) -> Any:
+        here = ray.get_runtime_context().get_node_id()
+        return OutputRelay.options(
+            name=self.relay_name,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+        ).remote()
+
     async def _pump_output(self) -> None:
         while True:
             try:
                 batches = await self.relay.pull.remote()
             except Exception:  # the relay died: make another, keep going
                 log.exception("output relay failed; restarting it")
-                self.relay = OutputRelay.remote()
+                self.relay = self._start_relay()
                 await asyncio.sleep(0.1)
                 continue
             for cell_id, stream, index, batch in batches:
@@ -300,6 +307,13 @@ class CellRunner:
                 timer.cancel()
             self.running.pop(spec.cell_id, None)
 
+    @staticmethod
+    def _started(cell: RunningCell, request: dict[str, Any], info: dict[str, Any]) -> None:
+        # The kernel needs to hear it only when it sent values (it then knows the agent
+        # holds them) or shows progress; a trivial cell is spared the extra message.
+        if cell.mode == "map" or any(kind in ("value", "parts") for _, kind, _ in request["inputs"]):
+            cell.emit("started", info)
+
     def _register_outputs(self, spec: CellSpec, refs: list[Any]) -> dict[str, str]:
         handles = {}
         for name, ref in zip(spec.outputs, refs, strict=True):
@@ -310,7 +324,7 @@ class CellRunner:
 
     async def _finish(self, cell: RunningCell, envelope: Any) -> CellOutcome:
         try:
-            outcome: CellOutcome = await envelope
+            outcome: CellOutcome = pickle.loads(await envelope)
         except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
             if not cell.cancelled:
                 raise CellRequestError(f"the cell's worker died: {exc}") from exc
@@ -328,31 +342,35 @@ class CellRunner:
             ray_opts["retry_exceptions"] = False
         args = await self.resolve_inputs(request["inputs"])
         remote = self._remote(run_cell_task, 1 + len(spec.outputs), ray_opts)
-        refs = remote.remote(spec, self.relay, *args)
+        refs = remote.remote(self._spec_bytes(spec), *args)
         refs = refs if isinstance(refs, list) else [refs]
         cell.refs = refs
         handles = self._register_outputs(spec, refs[1:])
-        cell.emit("started", {"mode": "task"})
+        self._started(cell, request, {"mode": "task"})
         outcome = await self._finish(cell, refs[0])
         return {"outcome": outcome, "handles": handles}
+
+    def _spec_bytes(self, spec: CellSpec) -> bytes:
+        spec.relay = self.relay_name
+        return pickle.dumps(spec, protocol=5)
 
     def actor(self, name: str, options: dict[str, Any]) -> Any:
         handle = self.actors.get(name)
         if handle is None:
             ray_opts = self.ray_options(options)
             self.check_feasible(self.resource_request(options, 1 if "num_cpus" not in ray_opts else 0))
-            handle = CellNamespace.options(name=f"cell-namespace:{name}", get_if_exists=True, **ray_opts).remote(name, self.relay)
+            handle = CellNamespace.options(name=f"cell-namespace:{name}", get_if_exists=True, **ray_opts).remote(name)
             self.actors[name] = handle
         return handle
 
     async def _run_actor(self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         actor = self.actor(options["actor"], options)
         args = await self.resolve_inputs(request["inputs"])
-        refs = actor.run.options(num_returns=1 + len(spec.outputs)).remote(spec, *args)
+        refs = actor.run.options(num_returns=1 + len(spec.outputs)).remote(self._spec_bytes(spec), *args)
         refs = refs if isinstance(refs, list) else [refs]
         cell.refs, cell.actor = refs, actor
         handles = self._register_outputs(spec, refs[1:])
-        cell.emit("started", {"mode": "actor", "actor": options["actor"]})
+        self._started(cell, request, {"mode": "actor", "actor": options["actor"]})
         try:
             outcome = await self._finish(cell, refs[0])
         except CellRequestError:
@@ -375,7 +393,7 @@ class CellRunner:
             finally:
                 cell.thread = None
 
-        cell.emit("started", {"mode": "driver"})
+        self._started(cell, request, {"mode": "driver"})
         outcome, values = await self.loop.run_in_executor(self._driver_pool, run)
         handles = {}
         for name, value in zip(spec.outputs, values, strict=False):
@@ -397,7 +415,8 @@ class CellRunner:
         per_chunk = min(per_chunk, int(options.get("chunk") or per_chunk))
         remote = self._remote(run_map_chunk, 1, ray_opts)
         chunks = [items[i : i + per_chunk] for i in range(0, len(items), per_chunk)]
-        refs = [remote.remote(spec, self.relay, i, chunk, *args) for i, chunk in enumerate(chunks)]
+        spec_bytes = self._spec_bytes(spec)
+        refs = [remote.remote(spec_bytes, i, chunk, *args) for i, chunk in enumerate(chunks)]
         cell.refs, cell.total_items = refs, len(items)
         futures = {self._as_future(r): i for i, r in enumerate(refs)}
         futures_pending = set(futures)

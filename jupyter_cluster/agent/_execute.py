@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 import builtins
 import ctypes
+import functools
+import hashlib
 import io
 import os
 import re
@@ -47,9 +49,11 @@ def interrupt_thread(ident: int) -> bool:
     return bool(done == 1)
 
 
-def cell_filename(cell_id: str) -> str:
-    """The filename a cell's code objects carry, so tracebacks can name the cell."""
-    return f"<remote-cell-{cell_id}>"
+def cell_filename(source: str) -> str:
+    """The filename a cell's code objects carry: named by content, so tracebacks through
+    functions an earlier cell defined still find their source, and the compiled code
+    of a cell run again is reused."""
+    return f"<remote-cell-{hashlib.blake2b(source.encode(), digest_size=6).hexdigest()}>"
 
 
 @dataclass
@@ -74,6 +78,7 @@ class CellSpec:
     display_last: bool = False
     threshold: int = 1 << 20
     map_name: str | None = None
+    relay: str = ""  # the name of the agent's output relay actor
 
 
 @dataclass
@@ -299,10 +304,15 @@ def unwrap(value: Any) -> Any:
 
 def compile_cell(spec: CellSpec) -> tuple[types.CodeType, types.CodeType | None]:
     """Compile the body, and the trailing expression separately if it is displayed."""
-    filename = cell_filename(spec.cell_id)
-    tree = ast.parse(spec.source, filename)
+    return _compile(spec.source, spec.display_last)
+
+
+@functools.lru_cache(maxsize=256)
+def _compile(source: str, display_last: bool) -> tuple[types.CodeType, types.CodeType | None]:
+    filename = cell_filename(source)
+    tree = ast.parse(source, filename)
     last: types.CodeType | None = None
-    if spec.display_last and tree.body and isinstance(tree.body[-1], ast.Expr):
+    if display_last and tree.body and isinstance(tree.body[-1], ast.Expr):
         expr = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
         last = compile(expr, filename, "eval")
     return compile(tree, filename, "exec"), last
@@ -353,7 +363,7 @@ def _show_figures(output: CellOutput) -> None:
 
 def failure_from(exc: BaseException, source: str, cell_id: str) -> RemoteFailure:
     """Describe ``exc`` with only the frames of user code (cell, notebook functions)."""
-    cell_file = cell_filename(cell_id)
+    cell_file = cell_filename(source)
     lines = source.splitlines()
     frames: list[tuple[str, int, str, str]] = []
     for summary in traceback.extract_tb(exc.__traceback__):

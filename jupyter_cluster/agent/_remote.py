@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import pickle
 import threading
 from typing import Any
 
@@ -50,22 +51,31 @@ def bind_inputs(spec: CellSpec, ns: dict[str, Any], values: tuple[Any, ...]) -> 
         ns[name] = unwrap(value)
 
 
-def _relay_sink(relay: Any, cell_id: str, stream: int = 0) -> Any:
-    return lambda index, batch: relay.push.remote(cell_id, stream, index, batch)
+_relays: dict[str, Any] = {}
+
+
+def _relay_sink(spec: CellSpec, stream: int = 0) -> Any:
+    # Looked up by name once per worker: an actor handle as a task argument costs more
+    # than the rest of a trivial cell's arguments together.
+    relay = _relays.get(spec.relay)
+    if relay is None:
+        relay = _relays[spec.relay] = ray.get_actor(spec.relay)
+    return lambda index, batch: relay.push.remote(spec.cell_id, stream, index, batch)
 
 
 def _returns(outcome: CellOutcome, values: list[Any]) -> Any:
-    return (outcome, *values) if values else outcome
+    # The outcome travels as plain pickle bytes: Ray moves bytes faster than objects.
+    envelope = pickle.dumps(outcome, protocol=5)
+    return (envelope, *values) if values else envelope
 
 
 @ray.remote
-def run_cell_task(spec: CellSpec, relay: Any, *values: Any) -> Any:
-    """One cell as one Ray task; returns ``(outcome, *exported values)``."""
+def run_cell_task(spec_bytes: bytes, *values: Any) -> Any:
+    """One cell as one Ray task; returns ``(outcome bytes, *exported values)``."""
+    spec: CellSpec = pickle.loads(spec_bytes)
     ns = fresh_namespace()
     bind_inputs(spec, ns, values)
-    outcome, exported = run_in_namespace(
-        spec, ns, CellOutput(_relay_sink(relay, spec.cell_id)), node_ip()
-    )
+    outcome, exported = run_in_namespace(spec, ns, CellOutput(_relay_sink(spec)), node_ip())
     if outcome.failure is not None:
         exported = [None] * len(spec.outputs)
     return _returns(outcome, exported)
@@ -73,15 +83,16 @@ def run_cell_task(spec: CellSpec, relay: Any, *values: Any) -> Any:
 
 @ray.remote
 def run_map_chunk(
-    spec: CellSpec, relay: Any, chunk: int, items: list[Any], *values: Any
+    spec_bytes: bytes, chunk: int, items: list[Any], *values: Any
 ) -> list[tuple[CellOutcome, list[Any]]]:
     """Several items of a ``--map`` cell, each in its own fresh namespace.
 
     Large outputs are put in the object store here; their refs travel inside the
     outcome, so nothing large is copied to the agent.
     """
+    spec: CellSpec = pickle.loads(spec_bytes)
     results = []
-    output = CellOutput(_relay_sink(relay, spec.cell_id, chunk))
+    output = CellOutput(_relay_sink(spec, chunk))
     assert spec.map_name is not None
     for item in items:
         ns = fresh_namespace()
@@ -109,19 +120,18 @@ def run_function(fn: Any, *args: Any, **kwargs: Any) -> Any:
 class CellNamespace:
     """A named actor holding a persistent namespace; cells run in it one at a time."""
 
-    def __init__(self, name: str, relay: Any) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
         self.ns = fresh_namespace()
-        self.relay = relay
         self.running: dict[str, int] = {}
 
     @ray.method(concurrency_group="cells")
-    def run(self, spec: CellSpec, *values: Any) -> Any:
+    def run(self, spec_bytes: bytes, *values: Any) -> Any:
+        spec: CellSpec = pickle.loads(spec_bytes)
         self.running[spec.cell_id] = threading.get_ident()
         try:
             bind_inputs(spec, self.ns, values)
-            sink = _relay_sink(self.relay, spec.cell_id)
-            outcome, exported = run_in_namespace(spec, self.ns, CellOutput(sink), node_ip())
+            outcome, exported = run_in_namespace(spec, self.ns, CellOutput(_relay_sink(spec)), node_ip())
         finally:
             del self.running[spec.cell_id]
         if outcome.failure is not None:
