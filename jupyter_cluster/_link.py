@@ -24,10 +24,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-import cloudpickle
-
 from ._errors import AgentLostError, ClusterConnectionError, RequestError
-from .agent._protocol import PROTOCOL_VERSION, Frame, read_frame, write_frame
+from .agent._protocol import PROTOCOL_VERSION, Frame, dumps, loads, read_frame, write_frame
 
 log = logging.getLogger("jupyter_cluster")
 T = TypeVar("T")
@@ -236,7 +234,7 @@ class AgentLink:
         request = self.pending.get(str(header.get("req")))
         if request is None:
             return
-        data = cloudpickle.loads(frame.payload) if frame.payload else None
+        data = loads(frame.payload) if frame.payload else None
         event = str(header.get("event"))
         if request.on_event is not None:
             try:
@@ -268,7 +266,7 @@ class AgentLink:
         if self.closed:
             raise AgentLostError(self.lost or "the session is closed")
         request_id = f"{self.session}-{next(self._ids)}"
-        payload = cloudpickle.dumps(body) if body else b""
+        payload = dumps(body) if body else b""
         frame = Frame({"type": "request", "id": request_id, "op": op}, payload)
         pending = PendingRequest(request_id, op, frame, on_event)
         self.pending[request_id] = pending

@@ -366,7 +366,8 @@ class CellRunner:
     async def _run_actor(self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         actor = self.actor(options["actor"], options)
         args = await self.resolve_inputs(request["inputs"])
-        refs = actor.run.options(num_returns=1 + len(spec.outputs)).remote(self._spec_bytes(spec), *args)
+        method = actor.run if not spec.outputs else actor.run.options(num_returns=1 + len(spec.outputs))
+        refs = method.remote(self._spec_bytes(spec), *args)
         refs = refs if isinstance(refs, list) else [refs]
         cell.refs, cell.actor = refs, actor
         handles = self._register_outputs(spec, refs[1:])

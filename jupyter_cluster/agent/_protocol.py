@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import struct
 from collections import deque
 from collections.abc import Iterator
@@ -26,6 +27,21 @@ PROTOCOL_VERSION = 1
 _PREFIX = struct.Struct("!IQ")
 #: Headers are small JSON objects; anything bigger is a corrupt or hostile stream.
 MAX_HEADER = 1 << 20
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle a payload: the C pickler when it can (most messages are plain data and
+    dataclasses), cloudpickle when the payload holds something only it can pickle."""
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except Exception:
+        import cloudpickle
+
+        return cloudpickle.dumps(obj, protocol=5)
+
+
+def loads(data: bytes) -> Any:
+    return pickle.loads(data)
 
 
 class ProtocolError(ConnectionError):

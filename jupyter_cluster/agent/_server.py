@@ -22,9 +22,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
-from ._protocol import PROTOCOL_VERSION, Frame, ProtocolError, SessionOutbox, read_frame, write_frame
+from ._protocol import (
+    PROTOCOL_VERSION,
+    Frame,
+    ProtocolError,
+    SessionOutbox,
+    dumps,
+    loads,
+    read_frame,
+    write_frame,
+)
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -48,7 +55,7 @@ class Session:
 
     def emitter(self, request_id: str) -> Callable[..., None]:
         def emit(event: str, data: Any = None, final: bool = False) -> None:
-            payload = b"" if data is None else cloudpickle.dumps(data)
+            payload = b"" if data is None else dumps(data)
             self.send({"type": "event", "req": request_id, "event": event, "final": final}, payload)
 
         return emit
@@ -160,7 +167,7 @@ class AgentServer:
         try:
             if handler is None:
                 raise ValueError(f"unknown request {op!r}")
-            body = cloudpickle.loads(frame.payload) if frame.payload else {}
+            body = loads(frame.payload) if frame.payload else {}
             body["id"] = request_id
             await handler(body, session, emit)
         except Exception as exc:
