@@ -85,8 +85,10 @@ def load_ext_time() -> float:
         "ip = InteractiveShell.instance()\nt = time.perf_counter()\n"
         "ip.run_line_magic('load_ext', 'jupyter_cluster')\nprint(time.perf_counter() - t)"
     )
-    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-            for _ in range(5)]
+    runs = [
+        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+        for _ in range(5)
+    ]
     return statistics.median(runs)
 
 
@@ -104,7 +106,10 @@ def main() -> None:
     try:
         rounds: dict[str, dict[str, list[float]]] = {"ours": {}, "raw": {}}
         for _ in range(args.rounds):
-            for name, fn in (("raw", lambda: raw(args.n, args.items)), ("ours", lambda: ours(cluster, args.n, args.items))):
+            for name, fn in (
+                ("raw", lambda: raw(args.n, args.items)),
+                ("ours", lambda: ours(cluster, args.n, args.items)),
+            ):
                 for key, value in fn().items():
                     rounds[name].setdefault(key, []).append(value)
     finally:
@@ -118,7 +123,9 @@ def main() -> None:
         o, r = med["ours"][key] * scale, med["raw"][key] * scale
         print(f"{label:34s} {o:8.2f}{unit} {r:8.2f}{unit} {o / r:7.2f}  {target}")
     o, r = med["ours"]["map"], med["raw"]["map"]
-    print(f"{f'--map over {args.items} tiny items':34s} {o:7.0f}/s {r:7.0f}/s {o / r:7.2f}  >= 0.8 (ours/raw throughput)")
+    print(
+        f"{f'--map over {args.items} tiny items':34s} {o:7.0f}/s {r:7.0f}/s {o / r:7.2f}  >= 0.8 (ours/raw throughput)"
+    )
     print(f"{'%load_ext jupyter_cluster':34s} {load_ext_time() * 1e3:8.1f}ms {'':>10s} {'':>7s}  < 300 ms")
 
 

@@ -42,14 +42,24 @@ def _attached() -> Cluster:
     return cluster
 
 
-def submit(fn: Callable[..., Any], *args: Any, cpus: float | None = None, gpus: float | None = None,
-           memory: int | str | None = None, resources: dict[str, float] | None = None) -> ObjectHandle:
+def submit(
+    fn: Callable[..., Any],
+    *args: Any,
+    cpus: float | None = None,
+    gpus: float | None = None,
+    memory: int | str | None = None,
+    resources: dict[str, float] | None = None,
+) -> ObjectHandle:
     """Run ``fn(*args)`` as a Ray task on the attached cluster (see :meth:`Cluster.submit`)."""
     return _attached().submit(fn, *args, cpus=cpus, gpus=gpus, memory=memory, resources=resources)
 
 
-def map(fn: Callable[..., Any], *iterables: Iterable[Any], cpus: float | None = None,  # noqa: A001
-        gpus: float | None = None) -> list[ObjectHandle]:
+def map(  # noqa: A001 (the mirror of Ray's API, as jc.map)
+    fn: Callable[..., Any],
+    *iterables: Iterable[Any],
+    cpus: float | None = None,
+    gpus: float | None = None,
+) -> list[ObjectHandle]:
     """One task per element, like ``[f.remote(x) for x in xs]`` (see :meth:`Cluster.map`)."""
     return _attached().map(fn, *iterables, cpus=cpus, gpus=gpus)
 
@@ -64,8 +74,9 @@ def get(handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = N
     return _attached().get(handle, timeout)
 
 
-def wait(handles: Sequence[ObjectHandle], num_returns: int = 1,
-         timeout: float | None = None) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
+def wait(
+    handles: Sequence[ObjectHandle], num_returns: int = 1, timeout: float | None = None
+) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
     """``ray.wait`` from the notebook: ``(ready, not_ready)``."""
     return _attached().wait(handles, num_returns, timeout)
 

@@ -64,8 +64,16 @@ class CellResult:
 class RemoteCell:
     """A ``%%remote`` cell submitted to the cluster."""
 
-    def __init__(self, cluster: Cluster, spec: CellSpec, mode: str, shipped: ShippedInputs, label: str,
-                 where: str, pending_handles: bool) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        spec: CellSpec,
+        mode: str,
+        shipped: ShippedInputs,
+        label: str,
+        where: str,
+        pending_handles: bool,
+    ) -> None:
         self.cluster = cluster
         self.spec = spec
         self.mode = mode

@@ -99,8 +99,9 @@ class Cluster:
     {'x': 42}
     """
 
-    def __init__(self, link: AgentLink, *, kind: str, agent: EmbeddedAgent | None = None,
-                 threshold: int = DEFAULT_THRESHOLD) -> None:
+    def __init__(
+        self, link: AgentLink, *, kind: str, agent: EmbeddedAgent | None = None, threshold: int = DEFAULT_THRESHOLD
+    ) -> None:
         self._link = link
         self._agent = agent
         self._ledger = InputLedger()
@@ -204,22 +205,38 @@ class Cluster:
         else:
             outputs = tuple(n for n in analysis.outputs if n != map_name)
         cell_id = f"{self._link.session}-c{next(self._counter)}"
-        spec = CellSpec(cell_id=cell_id, source=source, inputs=shipped.names, modules=shipped.modules,
-                        outputs=outputs, display_last=analysis.displays_last, threshold=self.threshold,
-                        map_name=map_name)
+        spec = CellSpec(
+            cell_id=cell_id,
+            source=source,
+            inputs=shipped.names,
+            modules=shipped.modules,
+            outputs=outputs,
+            display_last=analysis.displays_last,
+            threshold=self.threshold,
+            map_name=map_name,
+        )
         body: dict[str, Any] = {"spec": spec, "mode": mode, "options": options, "inputs": shipped.entries}
         if mode == "map":
             body["items"] = pickle_value(f"the --map items of {map_name}", items)
         where = {"task": "task", "actor": f"actor {actor}", "driver": "driver", "map": "map"}[mode]
         cell = RemoteCell(self, spec, mode, shipped, label or f"remote cell {cell_id}", where, pending_handles)
         self.cells[cell_id] = cell
-        cell.add_done_callback(lambda c: self.cells.pop(c.cell_id, None))
+        cell.add_done_callback(self._forget_cell)
         self._link.request("run_cell", body, cell._on_event)
         return cell
 
+    def _forget_cell(self, cell: RemoteCell) -> None:
+        self.cells.pop(cell.cell_id, None)
+
     @staticmethod
-    def _options(cpus: float | None, gpus: float | None, memory: int | str | None,
-                 resources: dict[str, float] | None, retries: int | None, timeout: float | None) -> dict[str, Any]:
+    def _options(
+        cpus: float | None,
+        gpus: float | None,
+        memory: int | str | None,
+        resources: dict[str, float] | None,
+        retries: int | None,
+        timeout: float | None,
+    ) -> dict[str, Any]:
         for name, value in (("cpus", cpus), ("gpus", gpus), ("retries", retries), ("timeout", timeout)):
             if value is not None and value < 0:
                 raise ValueError(f"{name} must not be negative (got {value})")
@@ -241,8 +258,15 @@ class Cluster:
         }
 
     # --------------------------------------------------------------- objects
-    def submit(self, fn: Callable[..., Any], *args: Any, cpus: float | None = None, gpus: float | None = None,
-               memory: int | str | None = None, resources: dict[str, float] | None = None) -> ObjectHandle:
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        cpus: float | None = None,
+        gpus: float | None = None,
+        memory: int | str | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> ObjectHandle:
         """Call ``fn(*args)`` as a Ray task; return a handle to its (future) result.
 
         Handles among ``args`` are passed as Ray dependencies: nothing is fetched.
@@ -261,8 +285,9 @@ class Cluster:
         handle_id = self._link.call("submit", {"inputs": entries, "options": options})
         return ObjectHandle(handle_id, {"type": getattr(fn, "__name__", "result")}, release=self._release)
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], cpus: float | None = None,
-            gpus: float | None = None) -> list[ObjectHandle]:
+    def map(
+        self, fn: Callable[..., Any], *iterables: Iterable[Any], cpus: float | None = None, gpus: float | None = None
+    ) -> list[ObjectHandle]:
         """``[submit(fn, *args) for args in zip(*iterables)]``."""
         return [self.submit(fn, *args, cpus=cpus, gpus=gpus) for args in zip(*iterables, strict=False)]
 
@@ -284,15 +309,19 @@ class Cluster:
         blob = self._link.call("get", {"handle": handle.id}, timeout=timeout)
         return cloudpickle.loads(blob)
 
-    def wait(self, handles: Sequence[ObjectHandle], num_returns: int = 1,
-             timeout: float | None = None) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
+    def wait(
+        self, handles: Sequence[ObjectHandle], num_returns: int = 1, timeout: float | None = None
+    ) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
         """Like ``ray.wait``: ``(ready, not_ready)`` once ``num_returns`` are ready."""
         if not 0 < num_returns <= len(handles):
             raise ValueError(f"num_returns must be between 1 and {len(handles)} (got {num_returns})")
         ids = [h.id for h in handles]
         answer_timeout = None if timeout is None else timeout + 30
-        ready_ids = set(self._link.call("wait", {"handles": ids, "num_returns": num_returns,
-                                                 "timeout": timeout}, timeout=answer_timeout))
+        ready_ids = set(
+            self._link.call(
+                "wait", {"handles": ids, "num_returns": num_returns, "timeout": timeout}, timeout=answer_timeout
+            )
+        )
         ready = [h for h in handles if h.id in ready_ids]
         return ready, [h for h in handles if h.id not in ready_ids]
 

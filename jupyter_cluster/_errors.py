@@ -162,7 +162,10 @@ def render_traceback(error: RemoteError, context: int = 2) -> list[str]:
     """IPython-style traceback lines for a remote failure (ANSI colours included)."""
     failure = error.failure
     title = failure.type_name
-    lines = [f"{RED}{'-' * 75}{RESET}", f"{RED}{title}{RESET}".ljust(len(RED) + len(RESET) + 42) + "Traceback (most recent call last)"]
+    lines = [
+        f"{RED}{'-' * 75}{RESET}",
+        f"{RED}{title}{RESET}".ljust(len(RED) + len(RESET) + 42) + "Traceback (most recent call last)",
+    ]
     for filename, lineno, name, text in failure.frames:
         label, source = _frame_label(filename, error)
         where = f"{CYAN}{label}{RESET}, line {lineno}" + (f", in {name}" if name != "<module>" else "")

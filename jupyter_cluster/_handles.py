@@ -16,8 +16,22 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_size(text: str | int | float) -> int:
@@ -53,8 +67,15 @@ class ObjectHandle:
     (2000, 1000)
     """
 
-    def __init__(self, handle_id: str, meta: dict[str, Any] | None = None, *, release: Callable[[str], None] | None = None,
-                 name: str = "", pending: bool = False) -> None:
+    def __init__(
+        self,
+        handle_id: str,
+        meta: dict[str, Any] | None = None,
+        *,
+        release: Callable[[str], None] | None = None,
+        name: str = "",
+        pending: bool = False,
+    ) -> None:
         self.id = handle_id
         self.meta = dict(meta or {})
         self.name = name

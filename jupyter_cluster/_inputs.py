@@ -74,9 +74,12 @@ class InputLedger:
             if isinstance(value, (list, tuple)) and any(isinstance(v, ObjectHandle) for v in value):
                 # A list of handles (a --map output, say) is built on the cluster from
                 # its parts: the values never come through the notebook.
-                parts = [("handle", v.id) if isinstance(v, ObjectHandle) and not v.has_local_value
-                         else ("value", pickle_value(f"{name}[{i}]", getattr(v, "local_value", v)))
-                         for i, v in enumerate(value)]
+                parts = [
+                    ("handle", v.id)
+                    if isinstance(v, ObjectHandle) and not v.has_local_value
+                    else ("value", pickle_value(f"{name}[{i}]", getattr(v, "local_value", v)))
+                    for i, v in enumerate(value)
+                ]
                 shipped.entries.append((name, "parts", (type(value).__name__, parts)))
                 continue
             blob = pickle_value(name, value)

@@ -113,7 +113,9 @@ class AgentLink:
         Seconds to keep trying after a connection drops before failing open requests.
     """
 
-    def __init__(self, transport: Transport, secret: str, session: str | None = None, reconnect_for: float = 600.0) -> None:
+    def __init__(
+        self, transport: Transport, secret: str, session: str | None = None, reconnect_for: float = 600.0
+    ) -> None:
         self.transport = transport
         self.secret = secret
         self.session = session or uuid.uuid4().hex[:12]
@@ -128,6 +130,7 @@ class AgentLink:
         self._ids = itertools.count(1)
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self._reconnecting: asyncio.Future[None] | None = None
         self._ack_scheduled = False
         self._thread = _LoopThread.get()
 
@@ -153,7 +156,9 @@ class AgentLink:
             answer = await asyncio.wait_for(read_frame(reader), 15)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             writer.close()
-            raise ClusterConnectionError(f"the agent at {self.transport.describe()} closed the connection during the handshake") from exc
+            raise ClusterConnectionError(
+                f"the agent at {self.transport.describe()} closed the connection during the handshake"
+            ) from exc
         if answer.type != "welcome":
             writer.close()
             reason = answer.header.get("reason", answer.type)
@@ -182,7 +187,7 @@ class AgentLink:
         if self._writer is writer:
             self._writer = None
         if not self.closed:
-            asyncio.ensure_future(self._reconnect(reason))
+            self._reconnecting = asyncio.ensure_future(self._reconnect(reason))
 
     async def _reconnect(self, reason: str) -> None:
         log.warning("lost the link to the agent (%s); reconnecting", reason)
@@ -244,7 +249,8 @@ class AgentLink:
         if header.get("final"):
             self.pending.pop(request.id, None)
             if event == "error":
-                request.future.set_exception(RequestError(data.get("message", "the agent failed"), data))
+                detail = data if isinstance(data, dict) else {}
+                request.future.set_exception(RequestError(detail.get("message", "the agent failed"), detail))
             else:
                 request.future.set_result(data)
 
@@ -261,7 +267,9 @@ class AgentLink:
             write_frame(self._writer, Frame({"type": "ack", "seq": self.last_seq}))
 
     # ------------------------------------------------------------- requests
-    def request(self, op: str, body: dict[str, Any] | None = None, on_event: EventCallback | None = None) -> PendingRequest:
+    def request(
+        self, op: str, body: dict[str, Any] | None = None, on_event: EventCallback | None = None
+    ) -> PendingRequest:
         """Send a request (from any thread); its future resolves with the final event."""
         if self.closed:
             raise AgentLostError(self.lost or "the session is closed")

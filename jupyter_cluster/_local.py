@@ -30,8 +30,18 @@ class EmbeddedAgent:
         self.socket = os.path.join(self.folder, "agent.sock")
         self.log = os.path.join(self.folder, "agent.log")
         self.secret = secrets.token_hex(32)
-        command = [sys.executable, "-m", "jupyter_cluster.agent", "--socket", self.socket, "--local",
-                   "--parent-pid", str(os.getpid()), "--log", self.log]
+        command = [
+            sys.executable,
+            "-m",
+            "jupyter_cluster.agent",
+            "--socket",
+            self.socket,
+            "--local",
+            "--parent-pid",
+            str(os.getpid()),
+            "--log",
+            self.log,
+        ]
         if cpus is not None:
             command += ["--num-cpus", str(cpus)]
         if gpus is not None:
@@ -42,8 +52,14 @@ class EmbeddedAgent:
         # The kernel's inline matplotlib backend means nothing to a headless worker.
         env.pop("MPLBACKEND", None)
         with open(self.log, "ab") as stderr:
-            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
-                                            env=env, start_new_session=True)
+            self.process = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         self.ready = self._wait_ready()
         threading.Thread(target=self._drain, daemon=True, name="jupyter-cluster-agent-stdout").start()
 

@@ -51,7 +51,8 @@ class _CellArea:
         from html import escape
 
         body = f"<pre style='margin:0'>{escape(self.text)}</pre>" if self.text else ""
-        return f"<div><span style='color:#777'>{escape(self.cell.label)} on the cluster: {escape(self.state)}</span>{body}</div>"
+        head = f"{escape(self.cell.label)} on the cluster: {escape(self.state)}"
+        return f"<div><span style='color:#777'>{head}</span>{body}</div>"
 
     def update(self) -> None:
         if self.handle is not None:
@@ -95,12 +96,12 @@ class ClusterMagics(Magics):
         elif args.command == "status":
             print(self._attached().status())
         elif args.command == "down":
-            cluster = _cluster.current()
-            if cluster is None:
+            attached = _cluster.current()
+            if attached is None:
                 print("No cluster is attached.")
             else:
-                cluster.down()
-                print("Stopped the embedded cluster." if cluster.kind.startswith("embedded") else "Detached.")
+                attached.down()
+                print("Stopped the embedded cluster." if attached.kind.startswith("embedded") else "Detached.")
         else:
             raise UsageError(f"%cluster needs a command: local, status or down\n{_cluster_parser().format_usage()}")
 
@@ -115,7 +116,7 @@ class ClusterMagics(Magics):
     @argument("--cpus", type=float, help="CPUs for the task or actor")
     @argument("--gpus", type=float, help="GPUs for the task or actor")
     @argument("--memory", type=str, help="memory to reserve, e.g. 4GiB")
-    @argument("--resources", type=str, help='custom resources as JSON, e.g. \'{"accelerator": 1}\'')
+    @argument("--resources", type=str, help="custom resources as JSON, e.g. '{\"accelerator\": 1}'")
     @argument("--actor", type=str, help="run inside the named actor (a persistent remote namespace)")
     @argument("--driver", action="store_true", help="run in the agent's own namespace on the head")
     @argument("--async", dest="run_async", action="store_true", help="return at once; outputs become pending handles")
@@ -128,7 +129,7 @@ class ClusterMagics(Magics):
         """Run the cell on the cluster. ``--map NAME in EXPR`` runs it once per item."""
         map_match = _MAP.search(line)
         if map_match:
-            line = line[: map_match.start()] + line[map_match.end():]
+            line = line[: map_match.start()] + line[map_match.end() :]
         elif "--map" in line.split():
             raise UsageError("--map needs the form `--map NAME in EXPR`, e.g. `--map x in range(10)`")
         args = parse_argstring(self.remote, line)
@@ -174,9 +175,20 @@ class ClusterMagics(Magics):
             print(f"Started an embedded local Ray cluster for this notebook ({cluster!r}); `%cluster down` stops it.")
         try:
             remote = cluster.run_cell(
-                cell, namespace=ns, hidden=shell.user_ns_hidden, mode=mode, actor=args.actor, map_over=map_over,
-                out=out, cpus=args.cpus, gpus=args.gpus, memory=args.memory, resources=resources,
-                retries=args.retries, timeout=args.timeout, pending_handles=args.run_async,
+                cell,
+                namespace=ns,
+                hidden=shell.user_ns_hidden,
+                mode=mode,
+                actor=args.actor,
+                map_over=map_over,
+                out=out,
+                cpus=args.cpus,
+                gpus=args.gpus,
+                memory=args.memory,
+                resources=resources,
+                retries=args.retries,
+                timeout=args.timeout,
+                pending_handles=args.run_async,
                 label=f"Cell In[{shell.execution_count}]",
             )
         except SyntaxError as exc:

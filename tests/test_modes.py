@@ -39,11 +39,7 @@ def test_actor_shows_in_status(shell: Any, cluster: jc.Cluster) -> None:
 
 
 def test_driver_cells_have_the_ray_api_and_a_persistent_namespace(shell: Any) -> None:
-    source = (
-        "@ray.remote\n"
-        "def square(x):\n    return x * x\n"
-        "squares = ray.get([square.remote(i) for i in range(4)])\n"
-    )
+    source = "@ray.remote\ndef square(x):\n    return x * x\nsquares = ray.get([square.remote(i) for i in range(4)])\n"
     assert remote(shell, source, "--driver").success
     assert shell.user_ns["squares"] == [0, 1, 4, 9]
     assert remote(shell, "ray.get(square.remote(7))", "--driver").result == 49
@@ -101,11 +97,7 @@ def test_resource_options_reach_ray(shell: Any) -> None:
 def test_retries_rerun_a_task_whose_worker_died(shell: Any, tmp_marker: str) -> None:
     run(shell, f"marker = {tmp_marker!r}")
     source = (
-        "import os\n"
-        "if not os.path.exists(marker):\n"
-        "    open(marker, 'w').close()\n"
-        "    os._exit(1)\n"
-        "survived = True\n"
+        "import os\nif not os.path.exists(marker):\n    open(marker, 'w').close()\n    os._exit(1)\nsurvived = True\n"
     )
     assert remote(shell, source, "--retries 1").success
     assert shell.user_ns["survived"] is True

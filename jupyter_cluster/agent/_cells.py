@@ -125,7 +125,7 @@ class CellRunner:
     # ----------------------------------------------------------------- output
     def _start_relay(self) -> Any:
         here = ray.get_runtime_context().get_node_id()
-        return OutputRelay.options(
+        return OutputRelay.options(  # type: ignore[attr-defined]
             name=self.relay_name,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
         ).remote()
@@ -190,8 +190,7 @@ class CellRunner:
         if "memory" in wanted:
             asked = asked.replace(f"memory {wanted['memory']:g}", f"memory {wanted['memory'] / 2**30:.1f} GiB")
         have = "; ".join(
-            f"node {n.get('NodeManagerAddress')}: {_format_resources(n.get('Resources', {}))}"
-            for n in nodes
+            f"node {n.get('NodeManagerAddress')}: {_format_resources(n.get('Resources', {}))}" for n in nodes
         )
         raise CellRequestError(
             f"no node of this cluster can ever provide {asked}; the cluster has {have}. "
@@ -334,7 +333,9 @@ class CellRunner:
         await self._await_chunks(cell, outcome.chunks_sent, 1.0 if cell.cancelled else 10.0)
         return outcome
 
-    async def _run_task(self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    async def _run_task(
+        self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]
+    ) -> dict[str, Any]:
         ray_opts = self.ray_options(options)
         self.check_feasible(self.resource_request(options, 1))
         if options.get("retries") is not None:
@@ -359,11 +360,15 @@ class CellRunner:
         if handle is None:
             ray_opts = self.ray_options(options)
             self.check_feasible(self.resource_request(options, 1 if "num_cpus" not in ray_opts else 0))
-            handle = CellNamespace.options(name=f"cell-namespace:{name}", get_if_exists=True, **ray_opts).remote(name)
+            handle = CellNamespace.options(  # type: ignore[attr-defined]
+                name=f"cell-namespace:{name}", get_if_exists=True, **ray_opts
+            ).remote(name)
             self.actors[name] = handle
         return handle
 
-    async def _run_actor(self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    async def _run_actor(
+        self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]
+    ) -> dict[str, Any]:
         actor = self.actor(options["actor"], options)
         args = await self.resolve_inputs(request["inputs"])
         method = actor.run if not spec.outputs else actor.run.options(num_returns=1 + len(spec.outputs))
@@ -404,7 +409,9 @@ class CellRunner:
                 handles[name] = handle_id
         return {"outcome": outcome, "handles": handles}
 
-    async def _run_map(self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    async def _run_map(
+        self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]
+    ) -> dict[str, Any]:
         items: list[Any] = cloudpickle.loads(request["items"])
         ray_opts = self.ray_options(options)
         self.check_feasible(self.resource_request(options, 1))
@@ -556,7 +563,13 @@ class CellRunner:
             ],
             "available": available,
             "cells": [
-                {"cell_id": c.cell_id, "mode": c.mode, "elapsed": time.time() - c.started, "done": c.done_items, "total": c.total_items}
+                {
+                    "cell_id": c.cell_id,
+                    "mode": c.mode,
+                    "elapsed": time.time() - c.started,
+                    "done": c.done_items,
+                    "total": c.total_items,
+                }
                 for c in self.running.values()
             ],
             "actors": actors,

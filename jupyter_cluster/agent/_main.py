@@ -31,7 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-gpus", type=float, default=None)
     parser.add_argument("--object-store-memory", type=int, default=None)
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process exits")
-    parser.add_argument("--idle-timeout", type=float, default=24 * 3600, help="seconds with no session attached before exiting")
+    parser.add_argument(
+        "--idle-timeout", type=float, default=24 * 3600, help="seconds with no session attached before exiting"
+    )
     parser.add_argument("--log", default=None, help="log file (default: next to the socket)")
     return parser.parse_args(argv)
 

@@ -82,9 +82,7 @@ def run_cell_task(spec_bytes: bytes, *values: Any) -> Any:
 
 
 @ray.remote
-def run_map_chunk(
-    spec_bytes: bytes, chunk: int, items: list[Any], *values: Any
-) -> list[tuple[CellOutcome, list[Any]]]:
+def run_map_chunk(spec_bytes: bytes, chunk: int, items: list[Any], *values: Any) -> list[tuple[CellOutcome, list[Any]]]:
     """Several items of a ``--map`` cell, each in its own fresh namespace.
 
     Large outputs are put in the object store here; their refs travel inside the
@@ -116,7 +114,7 @@ def run_function(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return unwrap(fn)(*(unwrap(a) for a in args), **kwargs)
 
 
-@ray.remote(concurrency_groups={"cells": 1, "control": 1})
+@ray.remote(concurrency_groups={"cells": 1, "control": 1})  # type: ignore[call-overload]
 class CellNamespace:
     """A named actor holding a persistent namespace; cells run in it one at a time."""
 

@@ -178,4 +178,6 @@ class AgentServer:
             else:
                 log.exception("request %s (%s) failed", request_id, op)
                 detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                emit("error", {"message": f"the agent failed: {detail}", "traceback": traceback.format_exc()}, final=True)
+                emit(
+                    "error", {"message": f"the agent failed: {detail}", "traceback": traceback.format_exc()}, final=True
+                )

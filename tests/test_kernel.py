@@ -1,0 +1,131 @@
+"""Through a real Jupyter kernel: interrupts, rich output, tracebacks, late output routing."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from jupyter_client.manager import KernelManager
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class Kernel:
+    def __init__(self) -> None:
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.kc = self.km.blocking_client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def execute(self, code: str, timeout: float = 120, on_message: Any = None) -> tuple[dict[str, Any], list[Any]]:
+        """Run ``code``; return its execute_reply content and the iopub messages it caused."""
+        msg_id = self.kc.execute(code)
+        messages = []
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id or msg["msg_type"] == "update_display_data":
+                messages.append(msg)
+                if on_message is not None:
+                    on_message(msg)
+            if (
+                msg["parent_header"].get("msg_id") == msg_id
+                and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"
+            ):
+                break
+        reply = self.kc.get_shell_msg(timeout=timeout)
+        return reply["content"], messages
+
+    def stop(self) -> None:
+        try:
+            self.execute("%cluster down", timeout=60)
+        finally:
+            self.kc.stop_channels()
+            self.km.shutdown_kernel(now=True)
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    k = Kernel()
+    reply, _ = k.execute("%load_ext jupyter_cluster\n%cluster local --cpus 2", timeout=180)
+    assert reply["status"] == "ok"
+    yield k
+    k.stop()
+
+
+def _text(messages: list[Any], kind: str = "stream") -> str:
+    return "".join(m["content"].get("text", "") for m in messages if m["msg_type"] == kind)
+
+
+def test_interrupting_the_kernel_cancels_the_remote_cell(kernel: Kernel, tmp_path: Any) -> None:
+    marker = tmp_path / "ticks"
+    code = (
+        f"%%remote\nimport time\nfor i in range(600):\n"
+        f"    open({str(marker)!r}, 'a').write('.')\n    print('tick', i, flush=True)\n    time.sleep(0.05)\n"
+    )
+    interrupted = []
+
+    def interrupt_on_first_tick(msg: Any) -> None:
+        if not interrupted and msg["msg_type"] == "stream" and "tick" in msg["content"]["text"]:
+            interrupted.append(time.monotonic())
+            kernel.km.interrupt_kernel()
+
+    reply, messages = kernel.execute(code, on_message=interrupt_on_first_tick)
+    assert interrupted, "no live output arrived before the cell ended"
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - interrupted[0] < 10
+    size = marker.stat().st_size
+    time.sleep(0.5)
+    assert marker.stat().st_size == size, "the remote loop kept running"
+    # The kernel and the cluster are fine afterwards.
+    reply, messages = kernel.execute("%%remote\n6 * 7")
+    assert reply["status"] == "ok"
+    assert any(m["msg_type"] == "execute_result" and m["content"]["data"]["text/plain"] == "42" for m in messages)
+
+
+def test_rich_output_and_figures_reach_the_notebook(kernel: Kernel) -> None:
+    code = (
+        "%%remote\nimport matplotlib.pyplot as plt\n"
+        "class Card:\n    def _repr_html_(self):\n        return '<i>card</i>'\n"
+        "display(Card())\nplt.plot([3, 1, 2])\nprint('after')\n"
+    )
+    reply, messages = kernel.execute(code)
+    assert reply["status"] == "ok"
+    displays = [m["content"]["data"] for m in messages if m["msg_type"] == "display_data"]
+    assert any(d.get("text/html") == "<i>card</i>" for d in displays)
+    assert any("image/png" in d for d in displays)
+    assert "after" in _text(messages)
+
+
+def test_remote_traceback_in_the_error_message(kernel: Kernel) -> None:
+    reply, messages = kernel.execute("%%remote\na = 1\nb = a / 0\n")
+    assert reply["status"] == "error" and reply["ename"] == "ZeroDivisionError"
+    error = next(m for m in messages if m["msg_type"] == "error")
+    text = "\n".join(error["content"]["traceback"])
+    assert "b = a / 0" in text and "----> 2" in text
+    assert "run_cell_magic" not in text
+
+
+def test_late_output_goes_to_its_own_cell(kernel: Kernel) -> None:
+    reply, first = kernel.execute(
+        "%%remote --async\nimport time\ntime.sleep(1)\nprint('late output', flush=True)\nlate = 1"
+    )
+    assert reply["status"] == "ok"
+    display_ids = {m["content"].get("transient", {}).get("display_id") for m in first if m["msg_type"] == "display_data"}
+    display_ids.discard(None)
+    assert display_ids, "an --async cell opens a display area of its own"
+    reply, second = kernel.execute("import time\ntime.sleep(3)\nprint('second cell')")
+    assert reply["status"] == "ok"
+    assert "late output" not in _text(second), "late output leaked into the running cell"
+    updates = [m for m in second if m["msg_type"] == "update_display_data"]
+    assert any(
+        "late output" in m["content"]["data"]["text/plain"] and m["content"]["transient"]["display_id"] in display_ids
+        for m in updates
+    )
+    reply, messages = kernel.execute("late")
+    assert any(m["msg_type"] == "execute_result" and m["content"]["data"]["text/plain"] == "1" for m in messages)
