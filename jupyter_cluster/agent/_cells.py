@@ -55,6 +55,8 @@ Emit = Callable[..., None]
 
 #: Inputs smaller than this travel inline with the task instead of via ray.put.
 INLINE_INPUT = 100 * 1024
+#: Seconds the agent's loop may wait in place for a result that is nearly there.
+FAST_PATH = 0.003
 #: Seconds a cancelled task gets to stop by itself before its worker is killed.
 CANCEL_GRACE = 2.0
 
@@ -321,9 +323,18 @@ class CellRunner:
             handles[name] = handle_id
         return handles
 
+    async def _result(self, ref: Any) -> Any:
+        """The value of ``ref``: a quick cell's result is waited for right here (an
+        await costs a hop through Ray's callback thread, as long again as the call),
+        a slower one asynchronously."""
+        try:
+            return ray.get(ref, timeout=FAST_PATH)
+        except ray.exceptions.GetTimeoutError:
+            return await ref
+
     async def _finish(self, cell: RunningCell, envelope: Any) -> CellOutcome:
         try:
-            outcome: CellOutcome = pickle.loads(await envelope)
+            outcome: CellOutcome = pickle.loads(await self._result(envelope))
         except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
             if not cell.cancelled:
                 raise CellRequestError(f"the cell's worker died: {exc}") from exc
