@@ -116,7 +116,9 @@ def test_late_output_goes_to_its_own_cell(kernel: Kernel) -> None:
         "%%remote --async\nimport time\ntime.sleep(1)\nprint('late output', flush=True)\nlate = 1"
     )
     assert reply["status"] == "ok"
-    display_ids = {m["content"].get("transient", {}).get("display_id") for m in first if m["msg_type"] == "display_data"}
+    display_ids = {
+        m["content"].get("transient", {}).get("display_id") for m in first if m["msg_type"] == "display_data"
+    }
     display_ids.discard(None)
     assert display_ids, "an --async cell opens a display area of its own"
     reply, second = kernel.execute("import time\ntime.sleep(3)\nprint('second cell')")
