@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._cell import CellResult, RemoteCell, RemoteRepr
 from ._cluster import Cluster, ClusterStatus, current, local
+from ._connect import connect, up
 from ._errors import (
     AgentLostError,
     CellSourceError,
@@ -103,6 +104,7 @@ __all__ = [
     "RemoteError",
     "RemoteRepr",
     "RequestError",
+    "connect",
     "current",
     "get",
     "load_ipython_extension",
@@ -110,5 +112,6 @@ __all__ = [
     "map",
     "put",
     "submit",
+    "up",
     "wait",
 ]

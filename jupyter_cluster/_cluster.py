@@ -59,10 +59,13 @@ class ClusterStatus:
 
     data: dict[str, Any]
     kind: str
+    dashboard: str | None = None
 
     def __str__(self) -> str:
         data = self.data
         lines = [f"{self.kind} Ray {data['ray']} cluster, {len(data['nodes'])} node(s)"]
+        if self.dashboard:
+            lines.append(f"  Ray dashboard: {self.dashboard}")
         for node in data["nodes"]:
             res = node["resources"]
             head = " (head)" if node["head"] else ""
@@ -111,6 +114,19 @@ class Cluster:
         self.kind = kind
         self.threshold = threshold
         self.cells: dict[str, RemoteCell] = {}
+        #: Called by :meth:`down`, last first: each stops something this cluster started.
+        self.stoppers: list[Callable[[], None]] = []
+        #: The Ray dashboard, forwarded to this machine (SSH clusters).
+        self.dashboard_url: str | None = None
+        #: What the head's probe found (SSH clusters): Python, Ray, this package's version.
+        self.head: dict[str, Any] = {}
+        #: Where the agent's modules were shipped on the head, if they were.
+        self.shipped: str | None = None
+        #: A note on the kernel's and the head's Ray versions, when they differ.
+        self.ray_note: str | None = None
+        #: Final events of cells an earlier kernel of this session ran, replayed on resume.
+        self.missed: list[tuple[str, Any]] = []
+        link.on_orphan = lambda event, data: self.missed.append((event, data))
         welcome = link.welcome
         self.python = str(welcome.get("python", ""))
         self.ray_version = str(welcome.get("ray", ""))
@@ -118,6 +134,11 @@ class Cluster:
         if self.mismatch:
             self._ledger.code_ok = False
             self._ledger.code_reason = self.mismatch
+
+    @property
+    def session(self) -> str:
+        """The session's name: ``jc.connect(..., session=NAME)`` resumes it."""
+        return self._link.session
 
     @property
     def alive(self) -> bool:
@@ -345,15 +366,21 @@ class Cluster:
     # --------------------------------------------------------------- cluster
     def status(self) -> ClusterStatus:
         """Nodes, resources, running cells and actors."""
-        return ClusterStatus(self._link.call("status"), self.kind)
+        return ClusterStatus(self._link.call("status"), self.kind, self.dashboard_url)
 
     def cancel_all(self) -> None:
         for cell in list(self.cells.values()):
             cell.cancel()
 
+    def disconnect(self) -> None:
+        """Detach: the agent and the work in flight go on; ``jc.connect`` with the same
+        session resumes them (also from another kernel)."""
+        self._link.close()
+        _detached[self._link.session] = self
+        _forget(self)
+
     def down(self) -> None:
-        """Stop what this cluster started (the embedded agent and its Ray)."""
-        global _current
+        """Stop what this cluster started: its agent, and the Ray it brought up (if any)."""
         if not self._link.closed:
             try:
                 self._link.call("shutdown", timeout=30)
@@ -362,9 +389,30 @@ class Cluster:
         self._link.close()
         if self._agent is not None:
             self._agent.stop()
-        with _lock:
-            if _current is self:
-                _current = None
+        for stop in reversed(self.stoppers):
+            stop()
+        self.stoppers.clear()
+        _forget(self)
+
+
+def _forget(cluster: Cluster) -> None:
+    global _current
+    with _lock:
+        if _current is cluster:
+            _current = None
+
+
+def attach(cluster: Cluster) -> Cluster:
+    """Make ``cluster`` the one the notebook's magics and ``jc.*`` functions use."""
+    global _current
+    with _lock:
+        _current = cluster
+    _detached.pop(cluster._link.session, None)
+    return cluster
+
+
+#: Clusters this kernel disconnected from, by session: a later connect resumes them.
+_detached: dict[str, Cluster] = {}
 
 
 def current() -> Cluster | None:

@@ -127,6 +127,7 @@ class AgentLink:
         self.lost: str | None = None
         self.on_disconnect: Callable[[str], None] | None = None
         self.on_reconnect: Callable[[], None] | None = None
+        self.on_orphan: Callable[[str, Any], None] | None = None
         self._ids = itertools.count(1)
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -238,6 +239,9 @@ class AgentLink:
         self._schedule_ack()
         request = self.pending.get(str(header.get("req")))
         if request is None:
+            if header.get("final") and self.on_orphan is not None:
+                # The answer to a request of an earlier kernel of this session.
+                self.on_orphan(str(header.get("event")), loads(frame.payload) if frame.payload else None)
             return
         data = loads(frame.payload) if frame.payload else None
         event = str(header.get("event"))
@@ -296,8 +300,17 @@ class AgentLink:
 
     def drop_connection(self) -> None:
         """Close the current connection as a network failure would (the link reconnects)."""
-        if self._writer is not None:
-            self._thread.loop.call_soon_threadsafe(self._writer.transport.abort)
+        writer = self._writer
+        if writer is not None:
+            channel: Any = getattr(writer, "channel", None)  # an SSH stream has no transport
+            abort = channel.abort if channel is not None else writer.transport.abort
+            self._thread.loop.call_soon_threadsafe(abort)
+
+    def reopen(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Resume the session after :meth:`close`: what arrived meanwhile is replayed."""
+        self.closed = False
+        self.lost = None
+        return self.connect(timeout)
 
     def close(self) -> None:
         """End the link; the agent keeps the session and its work."""

@@ -14,8 +14,10 @@ import json
 import re
 import shlex
 import sys
+import time
 from typing import Any
 
+import cloudpickle
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -70,8 +72,20 @@ def _cluster_parser() -> argparse.ArgumentParser:
     local.add_argument("--cpus", type=float)
     local.add_argument("--gpus", type=float)
     local.add_argument("--object-store", type=str, help="e.g. 2GiB")
+    connect = commands.add_parser("connect", help="attach to a Ray head over SSH")
+    connect.add_argument("target", help="[user@]host[:port]")
+    up = commands.add_parser("up", help="start Ray on a head and workers over SSH, and attach")
+    up.add_argument("head", help="[user@]host[:port]")
+    up.add_argument("workers", nargs="*", help="[user@]host[:port] of each worker")
+    for sub in (connect, up):
+        sub.add_argument("--identity", help="private key file")
+        sub.add_argument("--python", help="the head's Python (default: python3)")
+        sub.add_argument("--known-hosts", help="known_hosts file, or `none` to skip the host key check")
+    connect.add_argument("--start-head", action="store_true", help="run `ray start --head` if no Ray runs there")
+    connect.add_argument("--session", help="resume this session (its agent and running work)")
+    commands.add_parser("disconnect", help="detach; the agent and its work keep running")
     commands.add_parser("status", help="nodes, resources, cells and actors")
-    commands.add_parser("down", help="stop the embedded cluster")
+    commands.add_parser("down", help="stop what `local` or `up` started")
     return parser
 
 
@@ -93,17 +107,66 @@ class ClusterMagics(Magics):
                 print(f"Attached to {cluster!r}.")
                 if cluster.mismatch:
                     print(f"Warning: {cluster.mismatch}", file=sys.stderr)
+        elif args.command in ("connect", "up"):
+            self._connect(args)
+        elif args.command == "disconnect":
+            attached = self._attached()
+            attached.disconnect()
+            print(
+                f"Detached from session {attached.session}; its work goes on. "
+                f"`%cluster connect {attached.kind.split(' ', 1)[-1]} --session {attached.session}` resumes it."
+            )
         elif args.command == "status":
             print(self._attached().status())
         elif args.command == "down":
-            attached = _cluster.current()
-            if attached is None:
+            stopping = _cluster.current()
+            if stopping is None:
                 print("No cluster is attached.")
+                return
+            if stopping.kind.startswith("embedded"):
+                message = "Stopped the embedded cluster."
             else:
-                attached.down()
-                print("Stopped the embedded cluster." if attached.kind.startswith("embedded") else "Detached.")
+                started = " and the Ray it started" if stopping.stoppers else ""
+                message = f"Stopped the agent{started}; detached."
+            stopping.down()
+            print(message)
         else:
-            raise UsageError(f"%cluster needs a command: local, status or down\n{_cluster_parser().format_usage()}")
+            commands = "local, connect, up, disconnect, status or down"
+            raise UsageError(f"%cluster needs a command: {commands}\n{_cluster_parser().format_usage()}")
+
+    def _connect(self, args: argparse.Namespace) -> None:
+        from ._connect import connect, up
+
+        options = {"identity": args.identity, "python": args.python, "known_hosts": args.known_hosts}
+        if args.command == "up":
+            cluster = up(args.head, args.workers, **options)
+        else:
+            cluster = connect(args.target, start_head=args.start_head, session=args.session, **options)
+        print(f"Attached to {cluster!r}, session {cluster.session}.")
+        for note in (cluster.mismatch, cluster.ray_note):
+            if note:
+                print(f"Note: {note}", file=sys.stderr)
+        if cluster.shipped:
+            print(f"(The agent's modules were copied to {cluster.shipped} on the head.)")
+        if args.command == "connect" and args.session:
+            self._report_missed(cluster)
+
+    def _report_missed(self, cluster: _cluster.Cluster, settle: float = 1.0) -> None:
+        """Bind what cells of an earlier kernel of this session produced while detached."""
+        time.sleep(settle)  # the agent replays the session's events right after the handshake
+        assert self.shell is not None
+        bound: list[str] = []
+        for event, data in cluster.missed:
+            outcome = data.get("outcome") if event == "done" and isinstance(data, dict) else None
+            if outcome is None or outcome.failure is not None:
+                continue
+            for name, info in outcome.outputs.items():
+                if info.kind == "inline":
+                    self.shell.user_ns[name] = cloudpickle.loads(info.data)
+                    bound.append(name)
+        if cluster.missed:
+            names = ", ".join(bound) or "nothing"
+            print(f"{len(cluster.missed)} request(s) finished while detached; bound {names}.")
 
     @staticmethod
     def _attached() -> _cluster.Cluster:

@@ -21,7 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
+try:
+    import cloudpickle
+except ImportError:  # a head without it: Ray carries its own copy
+    from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

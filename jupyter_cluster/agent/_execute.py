@@ -29,7 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
+try:
+    import cloudpickle
+except ImportError:  # a head without it: Ray carries its own copy
+    from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 
 #: Where output goes: ``sink(index, batch)``, batches numbered from 0 (a relay may
 #: reorder them); each item is ``(kind, data)`` with kind ``"stdout"``, ``"stderr"``

@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--idle-timeout", type=float, default=24 * 3600, help="seconds with no session attached before exiting"
     )
     parser.add_argument("--log", default=None, help="log file (default: next to the socket)")
+    parser.add_argument("--secret-file", default=None, help="read the session secret from this file")
+    parser.add_argument("--ship", default=None, help="a folder of shipped agent code, for the workers (py_modules)")
     return parser.parse_args(argv)
 
 
@@ -48,6 +50,9 @@ def init_ray(args: argparse.Namespace) -> None:
             kwargs["object_store_memory"] = args.object_store_memory
     else:
         kwargs["address"] = args.address
+    if args.ship:
+        # The agent's code was shipped to this head only: Ray carries it to every worker.
+        kwargs["runtime_env"] = {"py_modules": [os.path.join(args.ship, "jupyter_cluster")]}
     ray.init(**kwargs)
 
 
@@ -127,8 +132,11 @@ async def serve(args: argparse.Namespace) -> None:
     from ._server import AgentServer
 
     secret = os.environ.pop("JUPYTER_CLUSTER_SECRET", "")
+    if args.secret_file:
+        with open(args.secret_file) as f:
+            secret = f.read().strip()
     if not secret:
-        raise SystemExit("JUPYTER_CLUSTER_SECRET is not set: refusing to serve without a secret")
+        raise SystemExit("no session secret (JUPYTER_CLUSTER_SECRET or --secret-file): refusing to serve")
     loop = asyncio.get_running_loop()
     runner = CellRunner(loop)
     server = AgentServer(args.socket, secret, {})
@@ -139,10 +147,23 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.stop()))
     import ray
 
-    print(json.dumps({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__}), flush=True)
+    announce({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__})
     watcher = asyncio.ensure_future(watch(server, args))
     await server.stopped.wait()
     watcher.cancel()
+
+
+def announce(state: dict[str, Any], socket_path: str | None = None) -> None:
+    """Say whether the agent is serving: a line on stdout (for a parent process) and
+    ``ready.json`` beside the socket (for a kernel that started it over SSH)."""
+    line = json.dumps(state)
+    print(line, flush=True)
+    path = state.get("socket") or socket_path
+    if path:
+        ready = os.path.join(os.path.dirname(str(path)), "ready.json")
+        with open(ready + ".tmp", "w") as f:
+            f.write(line)
+        os.replace(ready + ".tmp", ready)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -157,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         init_ray(args)
     except Exception as exc:
-        print(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        announce({"ready": False, "error": f"{type(exc).__name__}: {exc}"}, args.socket)
         raise SystemExit(1) from exc
     try:
         asyncio.run(serve(args))

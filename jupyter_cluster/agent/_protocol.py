@@ -35,7 +35,10 @@ def dumps(obj: Any) -> bytes:
     try:
         return pickle.dumps(obj, protocol=5)
     except Exception:
-        import cloudpickle
+        try:
+            import cloudpickle
+        except ImportError:
+            from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 
         return cloudpickle.dumps(obj, protocol=5)
 

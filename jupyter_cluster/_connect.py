@@ -1,0 +1,290 @@
+"""Attaching to a head over SSH: ``jc.connect`` and ``jc.up``.
+
+``connect`` finds (or, with ``start_head``, starts) Ray on the head, starts the agent
+there as a daemon (shipping its modules first when the head lacks this version), and
+opens a session through SSH; naming an existing ``session`` resumes it, with the
+events that arrived while detached. ``up`` starts Ray on a head and its workers
+(``ray start``, token authentication on, dashboard on the head's loopback), then
+connects; ``Cluster.down`` stops exactly the Ray processes it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import re
+import secrets
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._cluster import Cluster, _detached, attach
+from ._errors import ClusterConnectionError
+from ._link import AgentLink, _LoopThread
+from ._ssh import HeadError, RemoteHead, SSHTarget, SSHTransport, open_ssh
+
+DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
+DASHBOARD_PORT = 8265
+
+
+@dataclass
+class StartedRay:
+    """Ray processes one ``up`` or ``--start-head`` started, to stop exactly those."""
+
+    address: str
+    session_name: str
+    token: str
+    hosts: list[SSHTarget] = field(default_factory=list)
+
+
+def _run(coro: Any, timeout: float | None = None) -> Any:
+    return _LoopThread.get().run(coro).result(timeout)
+
+
+def _token_env(token: str) -> dict[str, str]:
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+
+
+async def _start_head(head: RemoteHead, port: int, extra: str = "") -> StartedRay:
+    token = secrets.token_hex(24)
+    temp = f"/tmp/jc-{secrets.token_hex(4)}"
+    done = await head.start_ray(
+        f"start --head --port {port} --dashboard-host 127.0.0.1 --temp-dir {temp} --disable-usage-stats {extra}",
+        _token_env(token),
+    )
+    match = re.search(r"--address='([^']+)'", str(done.stdout))
+    if done.exit_status != 0 or match is None:
+        raise HeadError(f"`ray start --head` failed on {head.target.host}:\n{str(done.stderr)[-1500:]}")
+    link = await head.run(f"readlink {temp}/session_latest")
+    session_name = str(link.stdout).strip().rsplit("/", 1)[-1]
+    if not session_name.startswith("session_"):
+        raise HeadError(f"Ray started on {head.target.host} but its session folder is missing in {temp}")
+    return StartedRay(match.group(1), session_name, token, [head.target])
+
+
+async def _stop_started(started: StartedRay) -> None:
+    # Every process of that cluster carries its session name on its command line; the
+    # pattern's [s] keeps the shell running pkill from matching itself.
+    pattern = "[s]" + started.session_name[1:]
+    for target in started.hosts:
+        try:
+            conn = await open_ssh(target)
+        except ClusterConnectionError:
+            continue  # unreachable now; nothing more can be done from here
+        async with conn:
+            await RemoteHead(target, conn).stop_ray(pattern)
+
+
+def _ray_note(head_ray: str) -> str | None:
+    try:
+        mine = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if mine == head_ray:
+        return None
+    return (
+        f"this kernel's environment has Ray {mine} and the head Ray {head_ray}. Cells work (the notebook never "
+        "imports Ray); Ray objects are kept on the cluster either way. Match the versions to use Ray Client or "
+        "ray job tools from here."
+    )
+
+
+async def _bring_up(
+    target: SSHTarget,
+    *,
+    session: str | None,
+    start_head: bool,
+    ship: str,
+    port: int,
+    idle_timeout: float,
+    started: StartedRay | None,
+) -> tuple[Any, dict[str, Any], StartedRay | None]:
+    from . import __version__
+
+    conn = await open_ssh(target)
+    try:
+        head = RemoteHead(target, conn)
+        info = await head.probe()
+        state = await head.agent_state(session) if session else None
+        if state is None:
+            address = started.address if started else info.get("ray_address")
+            env = _token_env(started.token) if started else {}
+            if not address:
+                if not start_head:
+                    raise HeadError(
+                        f"no Ray is running on {target.host}: start it there (`ray start --head`), "
+                        "or connect with --start-head (or use `%cluster up`)."
+                    )
+                started = await _start_head(head, port)
+                address, env = started.address, _token_env(started.token)
+            lib = await head.ship_agent(__version__, force=ship == "always")
+            session = session or secrets.token_hex(4)
+            state = await head.start_agent(
+                session, secrets.token_hex(32), address=address, lib=lib, env=env, idle_timeout=idle_timeout
+            )
+            state["shipped"] = lib
+        state["session"] = session
+        state["info"] = info
+        return conn, state, started
+    except BaseException:
+        conn.close()
+        if started is not None and start_head:
+            await _stop_started(started)
+        raise
+
+
+async def _forward_dashboard(conn: Any) -> str | None:
+    try:
+        listener = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", DASHBOARD_PORT)
+    except Exception:  # no dashboard, or forwarding refused: status just omits the link
+        return None
+    return f"http://127.0.0.1:{listener.get_port()}"
+
+
+def connect(
+    target: str,
+    *,
+    identity: str | None = None,
+    python: str | None = None,
+    known_hosts: str | None = None,
+    start_head: bool = False,
+    session: str | None = None,
+    port: int = 6379,
+    reconnect_for: float = 600.0,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ship: str = "auto",
+    _started: StartedRay | None = None,
+) -> Cluster:
+    """Attach the notebook to the Ray cluster whose head is ``target`` (``[user@]host[:port]``).
+
+    Parameters
+    ----------
+    identity, known_hosts
+        A private key file; a known_hosts file, or ``"none"`` to skip the host key check.
+    python
+        The head's Python (``python3`` on its PATH by default).
+    start_head
+        Run ``ray start --head`` there if no Ray is running.
+    session
+        Resume this session (its agent and work), from this kernel or another.
+    reconnect_for
+        Seconds the kernel keeps reconnecting after the link drops.
+    ship
+        ``"auto"``: copy the agent's modules to the head unless this version is
+        installed there; ``"always"``: copy them anyway.
+
+    Examples
+    --------
+    >>> cluster = jc.connect("alice@head.example", start_head=True)  # doctest: +SKIP
+    """
+    if ship not in ("auto", "always"):
+        raise ValueError("ship must be 'auto' or 'always'")
+    if session and session in _detached and not _started:
+        cluster = _detached[session]
+        cluster._link.reopen()
+        return attach(cluster)
+    ssh_target = SSHTarget.parse(target, identity=identity, known_hosts=known_hosts, python=python)
+    conn, state, started = _run(
+        _bring_up(
+            ssh_target,
+            session=session,
+            start_head=start_head,
+            ship=ship,
+            port=port,
+            idle_timeout=idle_timeout,
+            started=_started,
+        ),
+        timeout=None,
+    )
+    transport = SSHTransport(ssh_target, state["socket"], conn)
+    link = AgentLink(transport, state["secret"], state["session"], reconnect_for=reconnect_for)
+    try:
+        link.connect()
+    except BaseException:
+        conn.close()
+        raise
+    cluster = Cluster(link, kind=f"ssh {ssh_target.describe()}")
+    cluster.head = state["info"]
+    cluster.shipped = state.get("shipped")
+    cluster.ray_note = _ray_note(state["info"].get("ray", ""))
+    cluster.dashboard_url = _run(_forward_dashboard(conn), timeout=30)
+    if started is not None:
+        cluster.stoppers.append(lambda: _run(_stop_started(started), timeout=120))
+    return attach(cluster)
+
+
+def up(
+    head: str,
+    workers: Sequence[str] = (),
+    *,
+    identity: str | None = None,
+    python: str | None = None,
+    known_hosts: str | None = None,
+    port: int = 6379,
+    reconnect_for: float = 600.0,
+) -> Cluster:
+    """Start Ray on ``head`` and each of ``workers`` over SSH, then attach to it.
+
+    ``Cluster.down()`` (``%cluster down``) stops exactly the Ray processes started here.
+
+    >>> cluster = jc.up("head.example", ["w1.example", "w2.example"])  # doctest: +SKIP
+    """
+    options = {"identity": identity, "known_hosts": known_hosts, "python": python}
+    head_target = SSHTarget.parse(head, **options)
+    worker_targets = [SSHTarget.parse(w, **options) for w in workers]
+    started = _run(_up(head_target, worker_targets, port), timeout=None)
+    try:
+        return connect(
+            head,
+            identity=identity,
+            python=python,
+            known_hosts=known_hosts,
+            port=port,
+            reconnect_for=reconnect_for,
+            _started=started,
+        )
+    except BaseException:
+        _run(_stop_started(started), timeout=120)
+        raise
+
+
+async def _up(head_target: SSHTarget, worker_targets: list[SSHTarget], port: int) -> StartedRay:
+    conn = await open_ssh(head_target)
+    async with conn:
+        head = RemoteHead(head_target, conn)
+        await head.probe()
+        started = await _start_head(head, port)
+    try:
+        for target in worker_targets:
+            await _start_worker(target, started)
+            started.hosts.append(target)
+    except BaseException:
+        await _stop_started(started)
+        raise
+    return started
+
+
+async def _start_worker(target: SSHTarget, started: StartedRay, timeout: float = 90.0) -> None:
+    conn = await open_ssh(target)
+    async with conn:
+        worker = RemoteHead(target, conn)
+        await worker.probe()
+        try:
+            done = await worker.start_ray(
+                f"start --address {shlex.quote(started.address)} --disable-usage-stats",
+                _token_env(started.token),
+                timeout=timeout,
+            )
+        except asyncio.TimeoutError:
+            done = None
+        if done is None or done.exit_status != 0:
+            await worker.stop_ray("[s]" + started.session_name[1:])
+            detail = "it did not join in time" if done is None else str(done.stderr).strip()[-800:]
+            raise HeadError(
+                f"worker {target.host} could not join the head at {started.address}: {detail}. "
+                "Check that the worker can reach the head's address and port."
+            )
+
+
+__all__ = ["connect", "up"]

@@ -1,0 +1,298 @@
+"""Reaching a head node over SSH, as the user's own ``ssh`` would.
+
+asyncssh reads ``~/.ssh/config`` (Host aliases, User, Port, IdentityFile, ProxyJump),
+uses ssh-agent keys and checks ``~/.ssh/known_hosts`` unless told otherwise.
+:class:`RemoteHead` runs what the kernel needs there: probing the head's Python and
+Ray, shipping the agent's modules when the head lacks this version of them, starting
+the agent as a daemon that outlives the connection, and starting or stopping Ray.
+:class:`SSHTransport` reaches the agent's Unix socket through the connection
+(``open_unix_connection``), reconnecting SSH itself when the link drops; no TCP port
+is opened on the head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import ClusterConnectionError
+
+CONNECT_TIMEOUT = 15.0
+AGENT_START_TIMEOUT = 120.0
+_AGENT_DIR = Path(__file__).parent / "agent"
+
+
+class HostKeyError(ClusterConnectionError):
+    """The head's host key is not known, or has changed."""
+
+
+class SSHAuthError(ClusterConnectionError):
+    """The head refused every key offered."""
+
+
+class HeadError(ClusterConnectionError):
+    """The head cannot run the agent as it is (no Ray, no such Python, no Ray running)."""
+
+
+@dataclass
+class SSHTarget:
+    """Where and how to log in: ``[user@]host[:port]`` plus options.
+
+    >>> SSHTarget.parse("alice@head.example:2222")
+    SSHTarget(host='head.example', port=2222, user='alice', identity=None, known_hosts=None, python='python3')
+    """
+
+    host: str
+    port: int | None = None
+    user: str | None = None
+    identity: str | None = None
+    known_hosts: str | None = None  # a file, "none" (no check), or None (~/.ssh/known_hosts)
+    python: str = "python3"
+
+    @classmethod
+    def parse(cls, spec: str, **options: Any) -> SSHTarget:
+        match = re.fullmatch(r"(?:([^@\s]+)@)?(\[[^\]]+\]|[^:@\s]+)(?::(\d+))?", spec.strip())
+        if match is None:
+            raise ValueError(f"{spec!r} is not [user@]host[:port]")
+        user, host, port = match.groups()
+        target = cls(host=host.strip("[]"), port=int(port) if port else None, user=user)
+        for key, value in options.items():
+            if value is not None:
+                setattr(target, key, value)
+        return target
+
+    def describe(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{self.host}{port}"
+
+    def connect_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "connect_timeout": CONNECT_TIMEOUT,
+            "keepalive_interval": 15,
+            "keepalive_count_max": 4,
+        }
+        if self.port:
+            options["port"] = self.port
+        if self.user:
+            options["username"] = self.user
+        if self.identity:
+            options["client_keys"] = [os.path.expanduser(self.identity)]
+        if self.known_hosts == "none":
+            options["known_hosts"] = None
+        elif self.known_hosts:
+            options["known_hosts"] = os.path.expanduser(self.known_hosts)
+        return options
+
+
+async def open_ssh(target: SSHTarget) -> Any:
+    """An asyncssh connection to ``target``, or an error that says what to do."""
+    import asyncssh
+
+    where = target.describe()
+    try:
+        return await asyncio.wait_for(asyncssh.connect(target.host, **target.connect_options()), CONNECT_TIMEOUT + 5)
+    except asyncssh.HostKeyNotVerifiable as exc:
+        port = target.port or 22
+        raise HostKeyError(
+            f"the host key of {target.host}:{port} is unknown or has changed ({exc}). If you trust it, add it: "
+            f"`ssh-keyscan -p {port} {target.host} >> ~/.ssh/known_hosts` (or pass --known-hosts FILE; "
+            "--known-hosts none skips the check)."
+        ) from None
+    except asyncssh.PermissionDenied as exc:
+        raise SSHAuthError(
+            f"{where} refused the login ({exc.reason}): pass --identity FILE with a key it accepts, "
+            "or load one into ssh-agent."
+        ) from None
+    except (OSError, asyncio.TimeoutError, asyncssh.Error) as exc:
+        port = target.port or 22
+        detail = str(exc) or type(exc).__name__
+        raise ClusterConnectionError(
+            f"cannot reach {target.host} port {port} over SSH ({detail}); check the address and that sshd runs there."
+        ) from None
+
+
+PROBE = r"""
+import json, os, platform, sys, tempfile
+from importlib import metadata
+def version(name):
+    try:
+        return metadata.version(name)
+    except Exception:
+        return None
+path = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+print(json.dumps({
+    "python": platform.python_version(), "executable": sys.executable, "home": os.path.expanduser("~"),
+    "ray": version("ray"), "jupyter_cluster": version("jupyter_cluster"), "cloudpickle": version("cloudpickle"),
+    "ray_address": open(path).read().strip() if os.path.exists(path) else None,
+}))
+"""
+
+
+def agent_fingerprint() -> str:
+    """Content hash of the agent's modules: a shipped copy is reused only if identical."""
+    digest = hashlib.blake2b(digest_size=6)
+    for path in sorted(_AGENT_DIR.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+class RemoteHead:
+    """Commands the kernel runs on a head node over one SSH connection."""
+
+    def __init__(self, target: SSHTarget, conn: Any) -> None:
+        self.target = target
+        self.conn = conn
+        self.info: dict[str, Any] = {}
+
+    async def run(self, command: str, *, stdin: str | None = None, timeout: float = 120.0) -> Any:
+        return await asyncio.wait_for(self.conn.run(command, input=stdin, check=False), timeout)
+
+    @property
+    def python(self) -> str:
+        return shlex.quote(self.target.python)
+
+    async def probe(self) -> dict[str, Any]:
+        """The head's Python, Ray, this package's version, and a running Ray's address."""
+        done = await self.run(f"{self.python} -c {shlex.quote(PROBE)}")
+        if done.exit_status != 0:
+            if done.exit_status == 127 or "No such file" in str(done.stderr):
+                raise HeadError(
+                    f"there is no Python at {self.target.python!r} on {self.target.host}: "
+                    "pass --python with the path of one that has Ray."
+                )
+            raise HeadError(f"the Python on {self.target.host} failed: {str(done.stderr).strip()[-500:]}")
+        self.info = json.loads(str(done.stdout).strip().splitlines()[-1])
+        if not self.info.get("ray"):
+            raise HeadError(
+                f"the Python at {self.info['executable']} on {self.target.host} has no Ray: install it there "
+                "(`pip install 'ray[default]'`), or pass --python with one that has it."
+            )
+        return self.info
+
+    def session_dir(self, session: str) -> str:
+        return f"{self.info['home']}/.jupyter_cluster/sessions/{session}"
+
+    async def ship_agent(self, version: str, force: bool = False) -> str | None:
+        """Copy the agent's modules to a per-version folder unless the head has them.
+
+        Returns the folder to put on ``PYTHONPATH``, or None when the installed
+        package will do.
+        """
+        if not force and self.info.get("jupyter_cluster") == version:
+            return None
+        lib = f"{self.info['home']}/.jupyter_cluster/lib/{version}-{agent_fingerprint()}"
+        marker = f"{lib}/jupyter_cluster/agent/.complete"
+        if (await self.run(f"test -f {shlex.quote(marker)}")).exit_status == 0:
+            return lib
+        stub = f'"""The agent\'s modules, shipped to this head."""\n\n__version__ = "{version}"\n'
+        async with self.conn.start_sftp_client() as sftp:
+            await sftp.makedirs(f"{lib}/jupyter_cluster/agent", exist_ok=True)
+            async with sftp.open(f"{lib}/jupyter_cluster/__init__.py", "w") as f:
+                await f.write(stub)
+            await sftp.put([str(p) for p in sorted(_AGENT_DIR.glob("*.py"))], f"{lib}/jupyter_cluster/agent/")
+            async with sftp.open(marker, "w") as f:
+                await f.write(agent_fingerprint())
+        return lib
+
+    async def agent_state(self, session: str) -> dict[str, Any] | None:
+        """The running agent of ``session`` (its ready.json and secret), or None."""
+        folder = shlex.quote(self.session_dir(session))
+        done = await self.run(
+            f'cd {folder} 2>/dev/null && kill -0 "$(sed -n \'s/.*"pid": *\\([0-9]*\\).*/\\1/p\' ready.json)" '
+            f"2>/dev/null && test -S agent.sock && cat ready.json && echo && cat secret"
+        )
+        if done.exit_status != 0:
+            return None
+        ready, secret = str(done.stdout).strip().split("\n", 1)
+        return {**json.loads(ready), "secret": secret.strip()}
+
+    async def start_agent(
+        self, session: str, secret: str, *, address: str, lib: str | None, env: dict[str, str], idle_timeout: float
+    ) -> dict[str, Any]:
+        """Start the agent as a daemon (it outlives this connection) and wait until it serves."""
+        folder = self.session_dir(session)
+        q = shlex.quote
+        env_words = " ".join(f"{k}={q(v)}" for k, v in {**env, **({"PYTHONPATH": lib} if lib else {})}.items())
+        command = (
+            f"mkdir -p {q(folder)} && chmod 700 {q(folder)} && cd {q(folder)} && rm -f ready.json && "
+            f"(umask 077 && cat > secret) && "
+            f"{env_words} setsid nohup {self.python} -m jupyter_cluster.agent --socket {q(folder + '/agent.sock')} "
+            f"--secret-file {q(folder + '/secret')} --address {q(address)} --idle-timeout {idle_timeout:g} "
+            f"{'--ship ' + q(lib) if lib else ''} > agent.out 2>&1 < /dev/null & echo started"
+        )
+        done = await self.run(command, stdin=secret)
+        if done.exit_status != 0:
+            raise HeadError(f"could not start the agent on {self.target.host}: {str(done.stderr).strip()}")
+        deadline = asyncio.get_running_loop().time() + AGENT_START_TIMEOUT
+        while asyncio.get_running_loop().time() < deadline:
+            state = await self.run(f"cat {q(folder + '/ready.json')} 2>/dev/null")
+            if state.exit_status == 0 and str(state.stdout).strip():
+                ready = json.loads(str(state.stdout))
+                if ready.get("ready"):
+                    return {**ready, "secret": secret}
+                log = await self.run(f"tail -5 {q(folder + '/agent.out')}")
+                error = ready.get("error", "")
+                hint = ""
+                if "Could not find any running Ray" in error or "ConnectionError" in error:
+                    hint = " No Ray is running there: start one (`ray start --head`), or connect with --start-head."
+                raise HeadError(f"the agent on {self.target.host} could not start: {error}.{hint}\n{log.stdout}")
+            await asyncio.sleep(0.3)
+        log = await self.run(f"tail -20 {q(folder + '/agent.out')}")
+        raise HeadError(f"the agent on {self.target.host} did not start in {AGENT_START_TIMEOUT:.0f} s:\n{log.stdout}")
+
+    def ray_cli(self, arguments: str) -> str:
+        """A ``ray`` command run by the head's chosen Python (its PATH may lack ``ray``)."""
+        entry = "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"
+        return f"{self.python} -c {shlex.quote(entry)} {arguments}"
+
+    async def start_ray(self, arguments: str, env: dict[str, str], timeout: float = 180.0) -> Any:
+        env_words = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        return await self.run(f"{env_words} {self.ray_cli(arguments)}", timeout=timeout)
+
+    async def stop_ray(self, marker: str) -> None:
+        """Stop the Ray processes whose command lines carry ``marker`` (one cluster's session)."""
+        q = shlex.quote(marker)
+        await self.run(
+            f"pkill -TERM -f {q}; for i in $(seq 50); do pgrep -f {q} >/dev/null || exit 0; sleep 0.2; done; "
+            f"pkill -KILL -f {q}; true"
+        )
+
+
+class SSHTransport:
+    """The agent's socket on the head, through SSH; reconnects SSH when it drops."""
+
+    def __init__(self, target: SSHTarget, socket_path: str, conn: Any = None) -> None:
+        self.target = target
+        self.socket_path = socket_path
+        self.conn = conn
+        self._gone: str | None = None
+
+    async def connection(self) -> Any:
+        if self.conn is None or self.conn.is_closed():
+            self.conn = await open_ssh(self.target)
+        return self.conn
+
+    async def open(self) -> tuple[Any, Any]:
+        import asyncssh
+
+        conn = await self.connection()
+        try:
+            return await conn.open_unix_connection(self.socket_path)
+        except asyncssh.ChannelOpenError as exc:
+            # SSH works but the socket does not: the agent is gone, not the link.
+            self._gone = f"the agent on {self.target.host} is gone ({exc.reason})"
+            raise ClusterConnectionError(self._gone) from None
+
+    def lost_reason(self) -> str | None:
+        return self._gone
+
+    def describe(self) -> str:
+        return f"ssh://{self.target.describe()}{self.socket_path}"
