@@ -224,17 +224,23 @@ class RemoteHead:
         command = (
             f"mkdir -p {q(folder)} && chmod 700 {q(folder)} && cd {q(folder)} && rm -f ready.json && "
             f"(umask 077 && cat > secret) && "
-            f"{env_words} setsid nohup {self.python} -m jupyter_cluster.agent --socket {q(folder + '/agent.sock')} "
+            # Only the agent goes to the background: a background list would read the
+            # secret from /dev/null.
+            f"{{ {env_words} setsid nohup {self.python} -m jupyter_cluster.agent --socket {q(folder + '/agent.sock')} "
             f"--secret-file {q(folder + '/secret')} --address {q(address)} --idle-timeout {idle_timeout:g} "
-            f"{'--ship ' + q(lib) if lib else ''} > agent.out 2>&1 < /dev/null & echo started"
+            f"{'--ship ' + q(lib) if lib else ''} > agent.out 2>&1 < /dev/null & }} && echo $!"
         )
         done = await self.run(command, stdin=secret)
         if done.exit_status != 0:
             raise HeadError(f"could not start the agent on {self.target.host}: {str(done.stderr).strip()}")
+        pid = str(done.stdout).strip().splitlines()[-1]
         deadline = asyncio.get_running_loop().time() + AGENT_START_TIMEOUT
         while asyncio.get_running_loop().time() < deadline:
-            state = await self.run(f"cat {q(folder + '/ready.json')} 2>/dev/null")
-            if state.exit_status == 0 and str(state.stdout).strip():
+            state = await self.run(f"cat {q(folder + '/ready.json')} 2>/dev/null || kill -0 {pid}")
+            if state.exit_status != 0:
+                log = await self.run(f"tail -20 {q(folder + '/agent.out')}")
+                raise HeadError(f"the agent on {self.target.host} exited as it started:\n{log.stdout}")
+            if str(state.stdout).strip():
                 ready = json.loads(str(state.stdout))
                 if ready.get("ready"):
                     return {**ready, "secret": secret}

@@ -135,6 +135,7 @@ class AgentServer:
             "session": name,
             "python": platform.python_version(),
             "executable": sys.executable,
+            "agent_path": os.path.dirname(os.path.abspath(__file__)),
             "ray": ray.__version__,
             "pid": os.getpid(),
             "last_seq": session.outbox.last_seq,
