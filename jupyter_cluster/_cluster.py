@@ -125,8 +125,9 @@ class Cluster:
         #: A note on the kernel's and the head's Ray versions, when they differ.
         self.ray_note: str | None = None
         #: Final events of cells an earlier kernel of this session ran, replayed on resume.
-        self.missed: list[tuple[str, Any]] = []
-        link.on_orphan = lambda event, data: self.missed.append((event, data))
+        self.missed = link.orphans
+        #: The Ray processes this cluster started (``up``, ``--start-head``), if any.
+        self.started: Any = None
         welcome = link.welcome
         self.python = str(welcome.get("python", ""))
         self.ray_version = str(welcome.get("ray", ""))

@@ -209,6 +209,7 @@ def connect(
     cluster.shipped = state.get("shipped")
     cluster.ray_note = _ray_note(state["info"].get("ray", ""))
     cluster.dashboard_url = _run(_forward_dashboard(conn), timeout=30)
+    cluster.started = started
     if started is not None:
         cluster.stoppers.append(lambda: _run(_stop_started(started), timeout=120))
     return attach(cluster)

@@ -127,7 +127,8 @@ class AgentLink:
         self.lost: str | None = None
         self.on_disconnect: Callable[[str], None] | None = None
         self.on_reconnect: Callable[[], None] | None = None
-        self.on_orphan: Callable[[str, Any], None] | None = None
+        #: Final events of requests this link did not send (an earlier kernel's).
+        self.orphans: list[tuple[str, Any]] = []
         self._ids = itertools.count(1)
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -239,9 +240,9 @@ class AgentLink:
         self._schedule_ack()
         request = self.pending.get(str(header.get("req")))
         if request is None:
-            if header.get("final") and self.on_orphan is not None:
+            if header.get("final"):
                 # The answer to a request of an earlier kernel of this session.
-                self.on_orphan(str(header.get("event")), loads(frame.payload) if frame.payload else None)
+                self.orphans.append((str(header.get("event")), loads(frame.payload) if frame.payload else None))
             return
         data = loads(frame.payload) if frame.payload else None
         event = str(header.get("event"))

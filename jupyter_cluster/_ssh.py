@@ -127,11 +127,19 @@ def version(name):
         return metadata.version(name)
     except Exception:
         return None
+import socket
 path = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+address = open(path).read().strip() if os.path.exists(path) else None
+if address:  # the file outlives its cluster: believe it only if its GCS answers
+    try:
+        host, port = address.rsplit(":", 1)
+        socket.create_connection((host, int(port)), 2).close()
+    except OSError:
+        address = None
 print(json.dumps({
     "python": platform.python_version(), "executable": sys.executable, "home": os.path.expanduser("~"),
     "ray": version("ray"), "jupyter_cluster": version("jupyter_cluster"), "cloudpickle": version("cloudpickle"),
-    "ray_address": open(path).read().strip() if os.path.exists(path) else None,
+    "ray_address": address,
 }))
 """
 

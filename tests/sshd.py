@@ -8,7 +8,7 @@ Fixtures never request each other by name (shared state lives in ``config.stash`
 
 - ``ssh_keys`` (session): :class:`SSHKeys`, an ed25519 host key and user key plus an ``authorized_keys`` file.
 - ``sshd_server`` (session): :class:`SSHServer`, ``/usr/sbin/sshd`` on 127.0.0.1 at a free port.
-- ``link_cutter`` (function): :class:`CuttableLink`, a TCP proxy in front of ``sshd_server`` that can be cut and restored.
+- ``link_cutter`` (function): :class:`CuttableLink`, a TCP proxy in front of ``sshd_server``, cut and restored at will.
 - ``ssh_hosts`` (module): :class:`SSHHosts`, ``.head`` (10.213.0.2) and ``.worker`` (10.213.0.3), each a network
   namespace bridged to the root namespace and running its own sshd on port 22.
 
@@ -27,6 +27,7 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -236,8 +237,16 @@ def _sshd_config(keys: SSHKeys, directory: Path, listen: str, port: int) -> Path
 
 
 def _start_sshd(argv: list[str], log: Path, host: str, port: int) -> subprocess.Popen[bytes]:
-    """Start sshd (``argv``), logging to ``log``; wait (bounded) until ``host:port`` answers SSH."""
+    """Start sshd (``argv``), logging to ``log``; wait (bounded) until ``host:port`` answers SSH.
+
+    Under ``setpriv --pdeathsig TERM`` (util-linux) when available, so a test process that dies without its teardown
+    takes the listener with it. The signal follows the *thread* that started sshd: start servers from a thread that
+    outlives them (fixtures run on the main thread).
+    """
     Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)  # sshd's privilege separation dir
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        argv = [setpriv, "--pdeathsig", "TERM", *argv]
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + START_TIMEOUT
@@ -359,7 +368,7 @@ def _abort(writer: asyncio.StreamWriter) -> None:
     sock = writer.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
 
 
@@ -383,7 +392,7 @@ class CuttableLink:
         self.known_hosts = known_hosts
         self._server: asyncio.Server | None = None
         self._conns: set[tuple[asyncio.StreamWriter, ...]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="CuttableLink", daemon=True)
         self._thread.start()
@@ -466,7 +475,7 @@ class CuttableLink:
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)  # type: ignore[arg-type]
+        self._tasks.add(task)
         pair: tuple[asyncio.StreamWriter, ...] = (client_w,)
         self._conns.add(pair)
         try:
@@ -482,11 +491,11 @@ class CuttableLink:
         except asyncio.CancelledError:
             pass
         finally:
-            if pair in self._conns:
+            if pair in self._conns:  # ended by a peer, not by cut(): close politely
                 self._conns.discard(pair)
                 for writer in pair:
-                    _abort(writer)
-            self._tasks.discard(task)  # type: ignore[arg-type]
+                    writer.close()
+            self._tasks.discard(task)
 
     @staticmethod
     async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -598,7 +607,6 @@ def _add_host(
     _run([*ns, "ip", "link", "set", peer, "name", "eth0"], f"ssh_hosts: cannot rename {peer} in {netns}")
     _run([*ns, "ip", "addr", "add", f"{addr}/{PREFIX_LEN}", "dev", "eth0"], f"ssh_hosts: cannot address {netns}")
     _run([*ns, "ip", "link", "set", "eth0", "up"], f"ssh_hosts: cannot bring up eth0 in {netns}")
-    _run([*ns, "ip", "route", "add", "default", "via", BRIDGE_ADDR], f"ssh_hosts: cannot add a route in {netns}")
     hostdir = directory / netns
     hostdir.mkdir()
     config = _sshd_config(keys, hostdir, addr, 22)
@@ -684,9 +692,7 @@ def sshd_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 @pytest.fixture
-def link_cutter(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[CuttableLink]:
+def link_cutter(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CuttableLink]:
     """A :class:`CuttableLink` in front of ``sshd_server``; its ``known_hosts`` trusts sshd at the link's port."""
     server = _session_server(request, tmp_path_factory)
     with CuttableLink(server.host, server.port) as link:

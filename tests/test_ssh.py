@@ -1,0 +1,225 @@
+"""Attaching over SSH to a real OpenSSH sshd on loopback: connect, resume, link loss, security."""
+
+# Test parameters named after the imported fixtures redefine them, as pytest intends.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster._ssh import HeadError, HostKeyError, SSHAuthError
+from jupyter_cluster.agent._protocol import Frame, read_frame, write_frame
+
+from .sshd import SSHServer, free_port, link_cutter, sshd_server  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _target(server: SSHServer, port: int | None = None) -> str:
+    return f"{server.user}@{server.host}:{port or server.port}"
+
+
+def _options(server: SSHServer, known_hosts: Path | None = None) -> dict[str, Any]:
+    return {"identity": str(server.identity), "known_hosts": str(known_hosts or server.known_hosts)}
+
+
+def _ray_processes(marker: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+@pytest.fixture(scope="module")
+def remote(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
+    """A head reached over SSH: Ray started there by --start-head, the agent shipped over SFTP."""
+    previous = jc.current()
+    cluster = jc.connect(
+        _target(sshd_server), start_head=True, port=free_port(), ship="always", **_options(sshd_server)
+    )
+    yield cluster
+    assert cluster.started is not None, "--start-head records what it started"
+    marker = "[s]" + cluster.started.session_name[1:]
+    assert _ray_processes(marker)
+    cluster.down()
+    assert not _ray_processes(marker), "down leaves no Ray process of the cluster it started"
+    if previous is not None and previous.alive:
+        jc._cluster.attach(previous)
+
+
+def test_connect_runs_cells_with_the_shipped_agent(remote: jc.Cluster) -> None:
+    result = remote.run_cell("import os\npid = os.getpid()\nprint('on the head')").result(60)
+    assert isinstance(result.outputs["pid"], int)
+    assert remote.shipped and remote._link.welcome["agent_path"].startswith(remote.shipped)
+    assert remote.head["ray"] and remote.mismatch is None
+    cell = remote.run_cell("print('streamed')\nimport time\ntime.sleep(0.2)")
+    cell.result(60)
+    assert cell.stdout == "streamed\n"
+
+
+def test_dashboard_is_reached_through_a_port_forward(remote: jc.Cluster) -> None:
+    assert remote.dashboard_url and remote.dashboard_url.startswith("http://127.0.0.1:")
+    assert remote.dashboard_url in str(remote.status())
+    try:
+        with urllib.request.urlopen(remote.dashboard_url, timeout=20) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as exc:  # token authentication may answer 401: it answered
+        status = exc.code
+    assert 200 <= status < 500
+
+
+def test_agent_listens_on_no_tcp_port_of_its_own(remote: jc.Cluster, tmp_path: Path) -> None:
+    pid = remote._link.welcome["pid"]
+    agent_ports = _tcp_listeners(pid)
+    # A plain Ray driver on the same cluster, for comparison: Ray's core worker in any
+    # driver serves one gRPC port (workers send results to it); the agent has no more.
+    address = remote.run_cell("addr = ray.get_runtime_context().gcs_address", mode="driver").result(60).outputs["addr"]
+    script = tmp_path / "driver.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, subprocess, ray
+        ray.init(address={address!r}, log_to_driver=False)
+        print(subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout.count(f"pid={{os.getpid()}},"))
+    """)
+    )
+    env = {**__import__("os").environ, "RAY_AUTH_MODE": "token"}
+    token = subprocess.run(
+        ["bash", "-c", f"cat /proc/{pid}/environ | tr '\\0' '\\n' | sed -n 's/^RAY_AUTH_TOKEN=//p'"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    env["RAY_AUTH_TOKEN"] = token
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert len(agent_ports) == int(plain.stdout.strip().splitlines()[-1])
+    socket_dir = f"~/.jupyter_cluster/sessions/{remote.session}"
+    mode = subprocess.run(["bash", "-c", f"stat -c %a {socket_dir}"], capture_output=True, text=True).stdout.strip()
+    assert mode == "700"
+
+
+def _tcp_listeners(pid: int) -> list[str]:
+    out = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if f"pid={pid}," in line]
+
+
+def test_a_connection_without_the_secret_is_refused(remote: jc.Cluster, sshd_server: SSHServer) -> None:
+    async def attempt() -> Frame:
+        async with asyncssh.connect(**sshd_server.connect_kwargs()) as conn:
+            reader, writer = await conn.open_unix_connection(remote._link.transport.socket_path)  # type: ignore[attr-defined]
+            write_frame(writer, Frame({"type": "hello", "secret": "guess", "session": "x", "last_seq": 0}))
+            return await asyncio.wait_for(read_frame(reader), 10)
+
+    answer = asyncio.run(attempt())
+    assert answer.type == "refused"
+
+
+def test_disconnect_keeps_work_running_and_connect_resumes(remote: jc.Cluster, sshd_server: SSHServer) -> None:
+    cell = remote.run_cell(
+        "import time\ntime.sleep(2)\nprint('finished while away')\nanswer = 42", pending_handles=True
+    )
+    remote.disconnect()
+    assert jc.current() is None
+    time.sleep(3)
+    again = jc.connect(_target(sshd_server), session=remote.session, **_options(sshd_server))
+    assert again is remote
+    assert cell.result(30).outputs["answer"] == 42
+    assert cell.stdout == "finished while away\n"
+
+
+def test_a_new_kernel_resumes_the_session(remote: jc.Cluster, sshd_server: SSHServer, tmp_path: Path) -> None:
+    remote.run_cell("import time\ntime.sleep(1.5)\nlater = 'kept'", pending_handles=True)
+    remote.disconnect()
+    script = tmp_path / "kernel.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import time
+        time.sleep(2.5)
+        from IPython.core.interactiveshell import InteractiveShell
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "jupyter_cluster")
+        ip.run_line_magic("cluster", "connect {_target(sshd_server)} --session {remote.session} "
+                          "--identity {sshd_server.identity} --known-hosts {sshd_server.known_hosts}")
+        print("RESULT", ip.user_ns.get("later"))
+        ip.run_line_magic("cluster", "disconnect")
+    """)
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "RESULT kept" in done.stdout, done.stdout + done.stderr
+    assert "finished while detached" in done.stdout
+    jc.connect(_target(sshd_server), session=remote.session, **_options(sshd_server))
+
+
+def test_the_link_survives_a_cut_longer_than_30_seconds(link_cutter: Any, sshd_server: SSHServer) -> None:
+    cluster = jc.connect(
+        _target(sshd_server, link_cutter.port),
+        start_head=True,
+        port=free_port(),
+        **_options(sshd_server, link_cutter.known_hosts),
+    )
+    try:
+        source = "import time\nfor i in range(70):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = 70"
+        cell = cluster.run_cell(source)
+        time.sleep(3)
+        link_cutter.cut()
+        time.sleep(33)
+        assert not cell.done()
+        link_cutter.restore()
+        result = cell.result(90)
+        assert result.outputs["n"] == 70
+        assert cell.stdout.split() == [str(i) for i in range(70)], "a line was lost or repeated"
+    finally:
+        cluster.down()
+
+
+# Bad input ---------------------------------------------------------------------------
+def test_unreachable_host_fails_fast_naming_host_and_port() -> None:
+    port = free_port()
+    start = time.monotonic()
+    with pytest.raises(jc.ClusterConnectionError, match=f"127.0.0.1 port {port}"):
+        jc.connect(f"root@127.0.0.1:{port}", known_hosts="none")
+    assert time.monotonic() - start < 20
+
+
+def test_authentication_failure(sshd_server: SSHServer, tmp_path: Path) -> None:
+    key = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    with pytest.raises(SSHAuthError, match="--identity"):
+        jc.connect(_target(sshd_server), identity=str(key), known_hosts=str(sshd_server.known_hosts))
+
+
+def test_unknown_host_key_is_refused_with_how_to_accept(sshd_server: SSHServer, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(HostKeyError, match="ssh-keyscan"):
+        jc.connect(_target(sshd_server), identity=str(sshd_server.identity), known_hosts=str(empty))
+
+
+def test_missing_python_on_the_head(sshd_server: SSHServer) -> None:
+    with pytest.raises(HeadError, match="no Python at"):
+        jc.connect(_target(sshd_server), python="/opt/nowhere/python3", **_options(sshd_server))
+
+
+def test_head_python_without_ray(sshd_server: SSHServer, tmp_path: Path) -> None:
+    bare = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    with pytest.raises(HeadError, match="has no Ray"):
+        jc.connect(_target(sshd_server), python=str(bare / "bin" / "python"), **_options(sshd_server))
+
+
+def test_bad_connect_leaves_the_current_session_alone(remote: jc.Cluster, sshd_server: SSHServer) -> None:
+    jc._cluster.attach(remote)
+    with pytest.raises(HeadError):
+        jc.connect(_target(sshd_server), python="/opt/nowhere/python3", **_options(sshd_server))
+    assert jc.current() is remote
+    assert remote.run_cell("v = 1").result(60).outputs["v"] == 1
