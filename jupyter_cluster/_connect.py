@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import ipaddress
 import re
 import secrets
 import shlex
@@ -37,6 +38,13 @@ class StartedRay:
     token: str
     hosts: list[SSHTarget] = field(default_factory=list)
 
+    @property
+    def patterns(self) -> tuple[str, str]:
+        """``pkill -f`` patterns for this cluster's processes: each carries its session's
+        name or its GCS address. The brackets keep the shell running pkill from
+        matching itself."""
+        return "[s]" + self.session_name[1:], "[=:]" + re.escape(self.address)
+
 
 def _run(coro: Any, timeout: float | None = None) -> Any:
     return _LoopThread.get().run(coro).result(timeout)
@@ -46,11 +54,22 @@ def _token_env(token: str) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
 
 
-async def _start_head(head: RemoteHead, port: int, extra: str = "") -> StartedRay:
+def _node_ip(target: SSHTarget) -> str:
+    """``--node-ip-address`` for a host named by a (non-loopback) IP: Ray's own guess
+    needs a default route, which a private network may not have."""
+    try:
+        address = ipaddress.ip_address(target.host)
+    except ValueError:
+        return ""
+    return "" if address.is_loopback else f"--node-ip-address {address}"
+
+
+async def _start_head(head: RemoteHead, port: int) -> StartedRay:
     token = secrets.token_hex(24)
     temp = f"/tmp/jc-{secrets.token_hex(4)}"
     done = await head.start_ray(
-        f"start --head --port {port} --dashboard-host 127.0.0.1 --temp-dir {temp} --disable-usage-stats {extra}",
+        f"start --head --port {port} --dashboard-host 127.0.0.1 --temp-dir {temp} --disable-usage-stats "
+        f"{_node_ip(head.target)}",
         _token_env(token),
     )
     match = re.search(r"--address='([^']+)'", str(done.stdout))
@@ -64,16 +83,13 @@ async def _start_head(head: RemoteHead, port: int, extra: str = "") -> StartedRa
 
 
 async def _stop_started(started: StartedRay) -> None:
-    # Every process of that cluster carries its session name on its command line; the
-    # pattern's [s] keeps the shell running pkill from matching itself.
-    pattern = "[s]" + started.session_name[1:]
     for target in started.hosts:
         try:
             conn = await open_ssh(target)
         except ClusterConnectionError:
             continue  # unreachable now; nothing more can be done from here
         async with conn:
-            await RemoteHead(target, conn).stop_ray(pattern)
+            await RemoteHead(target, conn).stop_ray(*started.patterns)
 
 
 def _ray_note(head_ray: str) -> str | None:
@@ -120,6 +136,8 @@ async def _bring_up(
                 address, env = started.address, _token_env(started.token)
             lib = await head.ship_agent(__version__, force=ship == "always")
             session = session or secrets.token_hex(4)
+            if started is not None and _node_ip(target):  # the address we gave `ray start`
+                env = {**env, "RAY_NODE_IP_ADDRESS": target.host}
             state = await head.start_agent(
                 session, secrets.token_hex(32), address=address, lib=lib, env=env, idle_timeout=idle_timeout
             )
@@ -271,16 +289,26 @@ async def _start_worker(target: SSHTarget, started: StartedRay, timeout: float =
     async with conn:
         worker = RemoteHead(target, conn)
         await worker.probe()
+        # Ask the worker to reach the head first: `ray start` retries for minutes.
+        host, port = started.address.rsplit(":", 1)
+        reach = f"import socket; socket.create_connection(({host!r}, {port}), 5).close()"
+        check = await worker.run(f"{worker.python} -c {shlex.quote(reach)}", timeout=30)
+        if check.exit_status != 0:
+            reason = str(check.stderr).strip().splitlines()[-1:] or ["no answer"]
+            raise HeadError(
+                f"worker {target.host} could not join the head at {started.address}: it cannot reach that "
+                f"address ({reason[0]}). Check the network between them (routes, firewalls)."
+            )
         try:
             done = await worker.start_ray(
-                f"start --address {shlex.quote(started.address)} --disable-usage-stats",
+                f"start --address {shlex.quote(started.address)} --disable-usage-stats {_node_ip(target)}",
                 _token_env(started.token),
                 timeout=timeout,
             )
         except asyncio.TimeoutError:
             done = None
         if done is None or done.exit_status != 0:
-            await worker.stop_ray("[s]" + started.session_name[1:])
+            await worker.stop_ray(*started.patterns)
             detail = "it did not join in time" if done is None else str(done.stderr).strip()[-800:]
             raise HeadError(
                 f"worker {target.host} could not join the head at {started.address}: {detail}. "

@@ -271,12 +271,16 @@ class RemoteHead:
         env_words = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         return await self.run(f"{env_words} {self.ray_cli(arguments)}", timeout=timeout)
 
-    async def stop_ray(self, marker: str) -> None:
-        """Stop the Ray processes whose command lines carry ``marker`` (one cluster's session)."""
-        q = shlex.quote(marker)
+    async def stop_ray(self, *patterns: str) -> None:
+        """Stop the processes whose command lines match any of ``patterns`` (``pkill -f``
+        syntax), and their descendants (some of Ray's rename themselves)."""
+        q = shlex.quote("|".join(f"({p})" for p in patterns))
         await self.run(
-            f"pkill -TERM -f {q}; for i in $(seq 50); do pgrep -f {q} >/dev/null || exit 0; sleep 0.2; done; "
-            f"pkill -KILL -f {q}; true"
+            f"pids=$(pgrep -f {q}); all=$pids; "
+            'while [ -n "$pids" ]; do pids=$(for p in $pids; do pgrep -P $p; done); all="$all $pids"; done; '
+            '[ -n "$all" ] || exit 0; kill -TERM $all 2>/dev/null; '
+            "for i in $(seq 50); do alive=; for p in $all; do kill -0 $p 2>/dev/null && alive=1; done; "
+            '[ -z "$alive" ] && exit 0; sleep 0.2; done; kill -KILL $all 2>/dev/null; true'
         )
 
 

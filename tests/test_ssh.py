@@ -38,7 +38,7 @@ def _options(server: SSHServer, known_hosts: Path | None = None) -> dict[str, An
 
 def _ray_processes(marker: str) -> list[str]:
     out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
+    return [line for line in out.splitlines() if "pgrep" not in line and "<defunct>" not in line]
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +48,13 @@ def remote(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
     cluster = jc.connect(
         _target(sshd_server), start_head=True, port=free_port(), ship="always", **_options(sshd_server)
     )
-    yield cluster
     assert cluster.started is not None, "--start-head records what it started"
-    marker = "[s]" + cluster.started.session_name[1:]
-    assert _ray_processes(marker)
-    cluster.down()
+    marker = "|".join(f"({p})" for p in cluster.started.patterns)
+    try:
+        assert _ray_processes(marker)
+        yield cluster
+    finally:
+        cluster.down()
     assert not _ray_processes(marker), "down leaves no Ray process of the cluster it started"
     if previous is not None and previous.alive:
         jc._cluster.attach(previous)

@@ -50,6 +50,8 @@ def init_ray(args: argparse.Namespace) -> None:
             kwargs["object_store_memory"] = args.object_store_memory
     else:
         kwargs["address"] = args.address
+        if os.environ.get("RAY_NODE_IP_ADDRESS"):  # set by `up` for hosts without a default route
+            kwargs["_node_ip_address"] = os.environ["RAY_NODE_IP_ADDRESS"]
     if args.ship:
         # The agent's code was shipped to this head only: Ray carries it to every worker.
         kwargs["runtime_env"] = {"py_modules": [os.path.join(args.ship, "jupyter_cluster")]}

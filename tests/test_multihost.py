@@ -1,0 +1,81 @@
+"""Two real hosts (network namespaces, each with its own sshd): `up`, a map over both, `down`."""
+
+from __future__ import annotations
+
+# Test parameters named after the imported fixtures redefine them, as pytest intends.
+# ruff: noqa: F811
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster._ssh import HeadError
+
+from .sshd import ssh_hosts  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _options(host: Any) -> dict[str, Any]:
+    return {"identity": str(host.identity), "known_hosts": str(host.known_hosts), "python": sys.executable}
+
+
+def _processes(marker: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line and "<defunct>" not in line]
+
+
+def test_up_makes_a_two_node_cluster_and_down_stops_it(ssh_hosts: Any) -> None:
+    head, worker = ssh_hosts.head, ssh_hosts.worker
+    previous = jc.current()
+    cluster = jc.up(f"root@{head.host}", [f"root@{worker.host}"], **_options(head))
+    marker = "|".join(f"({p})" for p in cluster.started.patterns)
+    try:
+        nodes = {n["address"] for n in cluster.status().data["nodes"]}
+        assert nodes == {head.host, worker.host}
+        source = "import time\ntime.sleep(1.5)\nnode = ray.util.get_node_ip_address()"
+        result = cluster.run_cell(source, mode="map", map_over=("i", range(8)), cpus=1).result(180)
+        assert set(result.outputs["node"]) == {head.host, worker.host}, "the map ran on both nodes"
+        assert _processes(marker)
+    finally:
+        cluster.down()
+        if previous is not None and previous.alive:
+            jc._cluster.attach(previous)
+    assert not _processes(marker), "down stops every Ray process up started, on both hosts"
+    for host in (head, worker):
+        pids = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True).stdout.split()
+        commands = [_cmdline(p) for p in pids if _exists(p)]
+        assert not [c for c in commands if "ray" in c], commands
+
+
+def _cmdline(pid: str) -> str:
+    with open(f"/proc/{pid}/cmdline") as f:
+        return f.read().replace("\0", " ")
+
+
+def _exists(pid: str) -> bool:
+    try:
+        open(f"/proc/{pid}/cmdline").close()
+    except OSError:
+        return False
+    return True
+
+
+def test_connect_to_a_head_without_ray_says_so(ssh_hosts: Any) -> None:
+    with pytest.raises(HeadError, match="no Ray is running"):
+        jc.connect(f"root@{ssh_hosts.head.host}", **_options(ssh_hosts.head))
+
+
+def test_up_with_a_worker_that_cannot_reach_the_head(ssh_hosts: Any) -> None:
+    head, worker = ssh_hosts.head, ssh_hosts.worker
+    block = ["ip", "netns", "exec", worker.netns, "ip", "route", "add", "blackhole", f"{head.host}/32"]
+    subprocess.run(block, check=True)
+    before = set(_processes("[r]aylet"))
+    try:
+        with pytest.raises(HeadError, match=f"worker {worker.host} could not join the head"):
+            jc.up(f"root@{head.host}", [f"root@{worker.host}"], **_options(head))
+    finally:
+        subprocess.run([*block[:6], "del", *block[7:]], check=True)
+    assert set(_processes("[r]aylet")) <= before, "a failed up stops what it started"
