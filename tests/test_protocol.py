@@ -152,3 +152,44 @@ def test_kernel_link_survives_dropped_connections_mid_cell(cluster: jc.Cluster) 
     assert cell.stdout.split() == [str(i) for i in range(20)]
     # The link is usable afterwards.
     assert cluster.run_cell("m = 1").result(30).outputs["m"] == 1
+
+
+def test_an_agent_with_no_session_attached_exits_after_its_idle_time(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    folder = tmp_path / "agent"
+    env = {**os.environ, "JUPYTER_CLUSTER_SECRET": "s3cret"}
+    command = [
+        sys.executable,
+        "-m",
+        "jupyter_cluster.agent",
+        "--socket",
+        str(folder / "agent.sock"),
+        "--local",
+        "--num-cpus",
+        "1",
+        "--idle-timeout",
+        "2",
+    ]
+    agent = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert b'"ready": true' in agent.stdout.readline()  # type: ignore[union-attr]
+
+        async def visit() -> str:
+            reader, writer = await asyncio.open_unix_connection(str(folder / "agent.sock"))
+            write_frame(writer, Frame({"type": "hello", "secret": "s3cret", "session": "idle", "last_seq": 0}))
+            answer = await read_frame(reader)
+            await asyncio.sleep(3)  # attached: the idle clock does not run
+            writer.close()
+            return answer.type
+
+        assert asyncio.run(visit()) == "welcome"
+        assert agent.poll() is None, "an agent with a session attached stays"
+        start = time.monotonic()
+        assert agent.wait(timeout=30) == 0
+        assert time.monotonic() - start < 10
+        assert not (folder / "agent.sock").exists()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
