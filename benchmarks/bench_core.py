@@ -9,74 +9,25 @@ and ratios. Run: ``python benchmarks/bench_core.py [--rounds 3]``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-RAW = r"""
-import json, sys, time
-import ray
-ray.init(address="auto", log_to_driver=False, namespace="bench-raw")
-n = int(sys.argv[1]); items = int(sys.argv[2])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-@ray.remote
-def f():
-    return 1
-
-@ray.remote
-class Actor:
-    def m(self):
-        return 1
-
-@ray.remote
-def tiny(x):
-    return x * 2
-
-actor = Actor.remote()
-for _ in range(20):
-    ray.get(f.remote()); ray.get(actor.m.remote())
-out = {}
-t = time.perf_counter()
-for _ in range(n):
-    ray.get(f.remote())
-out["task"] = (time.perf_counter() - t) / n
-t = time.perf_counter()
-for _ in range(n):
-    ray.get(actor.m.remote())
-out["actor"] = (time.perf_counter() - t) / n
-ray.get([tiny.remote(i) for i in range(100)])
-t = time.perf_counter()
-ray.get([tiny.remote(i) for i in range(items)])
-out["map"] = items / (time.perf_counter() - t)
-print(json.dumps(out))
-"""
+from _timing import cells, driver
 
 
-def ours(cluster, n: int, items: int) -> dict[str, float]:
-    for _ in range(20):
-        cluster.run_cell("z = 1").result()
-        cluster.run_cell("z = 1", mode="actor", actor="bench").result()
-    out = {}
-    t = time.perf_counter()
-    for _ in range(n):
-        cluster.run_cell("z = 1").result()
-    out["task"] = (time.perf_counter() - t) / n
-    t = time.perf_counter()
-    for _ in range(n):
-        cluster.run_cell("z = 1", mode="actor", actor="bench").result()
-    out["actor"] = (time.perf_counter() - t) / n
+def ours(cluster: Any, n: int, items: int) -> dict[str, float]:
+    out = cells(cluster, n)
     t = time.perf_counter()
     result = cluster.run_cell("y = x * 2", mode="map", map_over=("x", range(items))).result()
     out["map"] = items / (time.perf_counter() - t)
     assert result.outputs["y"][-1] == 2 * (items - 1)
     return out
-
-
-def raw(n: int, items: int) -> dict[str, float]:
-    done = subprocess.run([sys.executable, "-c", RAW, str(n), str(items)], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def load_ext_time() -> float:
@@ -107,7 +58,7 @@ def main() -> None:
         rounds: dict[str, dict[str, list[float]]] = {"ours": {}, "raw": {}}
         for _ in range(args.rounds):
             for name, fn in (
-                ("raw", lambda: raw(args.n, args.items)),
+                ("raw", lambda: driver("auto", args.n, args.items)),
                 ("ours", lambda: ours(cluster, args.n, args.items)),
             ):
                 for key, value in fn().items():

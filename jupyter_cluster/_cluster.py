@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
-
 from ._analysis import analyse_cell
 from ._cell import RemoteCell
 from ._errors import AgentLostError, InputError
@@ -329,7 +327,7 @@ class Cluster:
         if handle.has_local_value:
             return handle.local_value
         blob = self._link.call("get", {"handle": handle.id}, timeout=timeout)
-        return cloudpickle.loads(blob)
+        return blob.load()
 
     def wait(
         self, handles: Sequence[ObjectHandle], num_returns: int = 1, timeout: float | None = None

@@ -1,7 +1,8 @@
 """Shipping a cell's inputs: by name, by handle, by value, or not at all.
 
 Modules travel by name and handles by id. Everything else is pickled with
-cloudpickle (notebook functions and classes by value) and hashed; a name whose
+cloudpickle (notebook functions and classes by value; the data of arrays kept out of
+band, so it is neither copied into the pickle nor by the link) and hashed; a name whose
 content hash the agent already holds is sent as that hash alone, so a large value
 read by ten cells crosses the link once. A value that cannot be pickled is refused
 before anything is sent, naming the variable.
@@ -9,8 +10,6 @@ before anything is sent, naming the variable.
 
 from __future__ import annotations
 
-import hashlib
-import pickle
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ import cloudpickle
 
 from ._errors import InputError
 from ._handles import ObjectHandle
+from .agent._protocol import Pickled
 
 #: Markers of code objects in a cloudpickle stream: functions or classes by value.
 _CODE_MARKERS = (b"_make_function", b"_make_skeleton_class", b"_make_code", b"_builtin_type")
@@ -35,10 +35,10 @@ class ShippedInputs:
     sent_bytes: int = 0
 
 
-def pickle_value(name: str, value: Any) -> bytes:
+def pickle_value(name: str, value: Any) -> Pickled:
     """cloudpickle ``value``, or raise :class:`InputError` naming ``name``."""
     try:
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return Pickled.of(value, cloudpickle.dumps)
     except Exception as exc:
         kind = type(value).__qualname__
         raise InputError(
@@ -83,19 +83,19 @@ class InputLedger:
                 shipped.entries.append((name, "parts", (type(value).__name__, parts)))
                 continue
             blob = pickle_value(name, value)
-            if not self.code_ok and any(marker in blob for marker in _CODE_MARKERS):
+            if not self.code_ok and any(marker in blob.data for marker in _CODE_MARKERS):
                 raise InputError(
                     f"cannot send `{name}`: it carries Python code (a function or class defined "
                     f"in the notebook), and {self.code_reason} Data-only inputs still work; "
                     "define the function inside the remote cell, or match the Python versions."
                 )
-            digest = hashlib.blake2b(blob, digest_size=16).hexdigest()
+            digest = blob.digest()
             shipped.digests[name] = digest
             if self.held.get(name) == digest:
                 shipped.entries.append((name, "cached", digest))
             else:
                 shipped.entries.append((name, "value", (digest, blob)))
-                shipped.sent_bytes += len(blob)
+                shipped.sent_bytes += blob.nbytes
         shipped.names = tuple(order)
         return shipped
 

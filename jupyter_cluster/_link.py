@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from ._errors import AgentLostError, ClusterConnectionError, RequestError
-from .agent._protocol import PROTOCOL_VERSION, Frame, dumps, loads, read_frame, write_frame
+from .agent._protocol import PROTOCOL_VERSION, Frame, FrameWriter, dumps, loads, read_frame, write_frame
 
 log = logging.getLogger("jupyter_cluster")
 T = TypeVar("T")
@@ -130,7 +130,7 @@ class AgentLink:
         #: Final events of requests this link did not send (an earlier kernel's).
         self.orphans: list[tuple[str, Any]] = []
         self._ids = itertools.count(1)
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: FrameWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Future[None] | None = None
         self._ack_scheduled = False
@@ -170,10 +170,10 @@ class AgentLink:
             self._fail_all("the agent was restarted; the work in flight is lost")
             self.last_seq = 0
         self.welcome = answer.header
-        self._writer = writer
+        self._writer = out = FrameWriter(writer)
         self._reader_task = asyncio.ensure_future(self._read(reader, writer))
         for request in list(self.pending.values()):
-            write_frame(writer, request.frame)
+            out.write(request.frame)
         return self.welcome
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -186,7 +186,7 @@ class AgentLink:
         except asyncio.CancelledError:
             return
         writer.close()
-        if self._writer is writer:
+        if self._writer is not None and self._writer.writer is writer:
             self._writer = None
         if not self.closed:
             self._reconnecting = asyncio.ensure_future(self._reconnect(reason))
@@ -242,9 +242,10 @@ class AgentLink:
         if request is None:
             if header.get("final"):
                 # The answer to a request of an earlier kernel of this session.
-                self.orphans.append((str(header.get("event")), loads(frame.payload) if frame.payload else None))
+                data = loads(frame.payload, frame.buffers) if frame.payload else None
+                self.orphans.append((str(header.get("event")), data))
             return
-        data = loads(frame.payload) if frame.payload else None
+        data = loads(frame.payload, frame.buffers) if frame.payload else None
         event = str(header.get("event"))
         if request.on_event is not None:
             try:
@@ -269,7 +270,7 @@ class AgentLink:
     def _send_ack(self) -> None:
         self._ack_scheduled = False
         if self._writer is not None and not self._writer.is_closing():
-            write_frame(self._writer, Frame({"type": "ack", "seq": self.last_seq}))
+            self._writer.write(Frame({"type": "ack", "seq": self.last_seq}))
 
     # ------------------------------------------------------------- requests
     def request(
@@ -279,8 +280,8 @@ class AgentLink:
         if self.closed:
             raise AgentLostError(self.lost or "the session is closed")
         request_id = f"{self.session}-{next(self._ids)}"
-        payload = dumps(body) if body else b""
-        frame = Frame({"type": "request", "id": request_id, "op": op}, payload)
+        payload, buffers = dumps(body) if body else (b"", [])
+        frame = Frame({"type": "request", "id": request_id, "op": op}, payload, buffers)
         pending = PendingRequest(request_id, op, frame, on_event)
         self.pending[request_id] = pending
         self._thread.loop.call_soon_threadsafe(self._send, pending)
@@ -288,7 +289,7 @@ class AgentLink:
 
     def _send(self, request: PendingRequest) -> None:
         if self._writer is not None and not self._writer.is_closing():
-            write_frame(self._writer, request.frame)
+            self._writer.write(request.frame)
         # else: it goes out when the link is back (see _connect)
 
     def call(self, op: str, body: dict[str, Any] | None = None, timeout: float | None = 60.0) -> Any:
@@ -301,7 +302,7 @@ class AgentLink:
 
     def drop_connection(self) -> None:
         """Close the current connection as a network failure would (the link reconnects)."""
-        writer = self._writer
+        writer = self._writer.writer if self._writer is not None else None
         if writer is not None:
             channel: Any = getattr(writer, "channel", None)  # an SSH stream has no transport
             abort = channel.abort if channel is not None else writer.transport.abort

@@ -13,7 +13,18 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster.agent._execute import CellSpec
-from jupyter_cluster.agent._protocol import Frame, ProtocolError, SessionOutbox, read_frame, write_frame
+from jupyter_cluster.agent._protocol import (
+    OOB_MIN,
+    Frame,
+    FrameWriter,
+    Pickled,
+    ProtocolError,
+    SessionOutbox,
+    dumps,
+    loads,
+    read_frame,
+    write_frame,
+)
 
 
 # Framing and outbox, no Ray --------------------------------------------------------
@@ -33,6 +44,81 @@ def test_frames_round_trip() -> None:
         return [await read_frame(reader) for _ in frames]
 
     assert asyncio.run(read_all()) == frames
+
+
+def test_large_buffers_travel_out_of_band_and_arrive_writable() -> None:
+    np = pytest.importorskip("numpy")
+    big = np.arange(1 << 20, dtype=np.float64)  # 8 MiB
+    small = np.arange(10)
+    edge = np.ones(OOB_MIN, dtype=np.uint8)
+    payload, buffers = dumps({"big": big, "small": small, "edge": edge, "raw": b"y" * 100})
+    assert len(buffers) == 2  # the 8 MiB array and the 64 KiB one; the small array stays in band
+    assert len(payload) < 4096
+    frame = Frame({"type": "result"}, payload, buffers)
+    encoded = frame.encode()
+    assert len(encoded) == len(payload) + big.nbytes + OOB_MIN + len(frame._head()) + 12
+
+    async def read() -> Frame:
+        return await read_frame(_reader(encoded + Frame({"type": "next"}).encode()))
+
+    got = asyncio.run(read())
+    assert got.header == {"type": "result"}  # the sizes are framing, not part of the header
+    body = loads(got.payload, got.buffers)
+    assert (body["big"] == big).all() and (body["small"] == small).all() and (body["edge"] == edge).all()
+    assert body["raw"] == b"y" * 100
+    body["big"][0] = -1.0  # arrays built on a received buffer are writable, as after a plain pickle
+    assert body["big"][0] == -1.0
+
+
+def test_pickled_values_keep_their_buffers_through_a_frame() -> None:
+    np = pytest.importorskip("numpy")
+    value = {"x": np.ones((512, 512)), "name": "grid"}
+    blob = Pickled.of(value)
+    assert len(blob.buffers) == 1 and blob.nbytes >= value["x"].nbytes
+    payload, buffers = dumps({"inputs": {"x": blob}})
+    assert len(buffers) == 1 and len(payload) < 4096  # nested Pickled hands its buffer on: no copy in band
+    again = loads(payload, buffers)["inputs"]["x"]
+    assert again.digest() == blob.digest()
+    assert (again.load()["x"] == value["x"]).all()
+    changed = value["x"].copy()
+    changed[0, 0] = 2.0
+    assert Pickled.of({"x": changed, "name": "grid"}).digest() != blob.digest()
+
+
+def test_frame_writer_keeps_frames_in_order_across_large_ones() -> None:
+    np = pytest.importorskip("numpy")
+    arrays = [np.full(300_000 + i, i, dtype=np.uint8) for i in range(3)]
+
+    async def exchange() -> list[Frame]:
+        got: list[Frame] = []
+        done = asyncio.Event()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while len(got) < 7:
+                got.append(await read_frame(reader))
+            done.set()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, stream = await asyncio.open_connection("127.0.0.1", port)
+        out = FrameWriter(stream)
+        out.write(Frame({"n": 0}))
+        for i, array in enumerate(arrays):
+            # a small frame queued behind a large one waits its turn
+            out.write(Frame({"n": 2 * i + 1}, *dumps(array)))
+            out.write(Frame({"n": 2 * i + 2}))
+        await asyncio.wait_for(done.wait(), 30)
+        out.close()
+        server.close()
+        return got
+
+    got = asyncio.run(exchange())
+    assert [f.header["n"] for f in got] == list(range(7))
+    for i, array in enumerate(arrays):
+        frame = got[2 * i + 1]
+        assert len(frame.buffers) == 1
+        assert (loads(frame.payload, frame.buffers) == array).all()
 
 
 def test_garbage_is_a_protocol_error() -> None:

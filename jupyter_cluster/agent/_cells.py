@@ -245,7 +245,7 @@ class CellRunner:
                 args.append(held[1])
             elif kind == "parts":
                 container, parts = data
-                values = [await self.object_ref(d) if k == "handle" else Pickled(d) for k, d in parts]
+                values = [await self.object_ref(d) if k == "handle" else d for k, d in parts]
                 ref = assemble.remote(*values)
                 args.append(assemble_tuple.remote(ref) if container == "tuple" else ref)
             elif kind == "value":
@@ -258,12 +258,12 @@ class CellRunner:
         return args
 
     @staticmethod
-    def _load_input(blob: bytes) -> Any:
+    def _load_input(blob: Pickled) -> Any:
         try:
-            value = cloudpickle.loads(blob)
+            value = blob.load()
         except Exception:  # a type only the workers can import: they unpickle it
-            value = Pickled(blob)
-        if len(blob) > INLINE_INPUT:
+            value = blob
+        if blob.nbytes > INLINE_INPUT:
             return ray.put(value)
         return value
 
@@ -426,7 +426,7 @@ class CellRunner:
     async def _run_map(
         self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]
     ) -> dict[str, Any]:
-        items: list[Any] = cloudpickle.loads(request["items"])
+        items: list[Any] = request["items"].load()
         ray_opts = self.ray_options(options)
         self.check_feasible(self.resource_request(options, 1))
         args = await self.resolve_inputs(request["inputs"])
@@ -516,18 +516,19 @@ class CellRunner:
                     pass
 
     # --------------------------------------------------------------- objects
-    async def put(self, blob: bytes) -> tuple[str, dict[str, Any]]:
-        value = await self.loop.run_in_executor(None, cloudpickle.loads, blob)
+    async def put(self, blob: Pickled) -> tuple[str, dict[str, Any]]:
+        value = await self.loop.run_in_executor(None, blob.load)
         ref = ray.put(value)
         handle_id = f"put/{ref.hex()}"
         self.objects[handle_id] = ref
-        return handle_id, {**describe(value), "nbytes": len(blob), "node": node_ip()}
+        return handle_id, {**describe(value), "nbytes": blob.nbytes, "node": node_ip()}
 
-    async def get(self, handle_id: str) -> bytes:
+    async def get(self, handle_id: str) -> Pickled:
+        """The object as it travels to the kernel: its large buffers straight from the object store."""
         value = await (await self.object_ref(handle_id))
         if isinstance(value, Pickled):
-            return value.data
-        return await self.loop.run_in_executor(None, cloudpickle.dumps, value)
+            return value
+        return await self.loop.run_in_executor(None, Pickled.of, value, cloudpickle.dumps)
 
     async def wait(self, handle_ids: list[str], num_returns: int, timeout: float | None) -> list[str]:
         refs = {await self.object_ref(h): h for h in handle_ids}

@@ -34,6 +34,8 @@ try:
 except ImportError:  # a head without it: Ray carries its own copy
     from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 
+from ._protocol import Pickled
+
 #: Where output goes: ``sink(index, batch)``, batches numbered from 0 (a relay may
 #: reorder them); each item is ``(kind, data)`` with kind ``"stdout"``, ``"stderr"``
 #: (data a str) or ``"display"`` (data a mime bundle).
@@ -57,16 +59,6 @@ def cell_filename(source: str) -> str:
     functions an earlier cell defined still find their source, and the compiled code
     of a cell run again is reused."""
     return f"<remote-cell-{hashlib.blake2b(source.encode(), digest_size=6).hexdigest()}>"
-
-
-@dataclass
-class Pickled:
-    """A value kept as cloudpickle bytes: unpickled only where it is used."""
-
-    data: bytes
-
-    def load(self) -> Any:
-        return cloudpickle.loads(self.data)
 
 
 @dataclass
@@ -274,7 +266,8 @@ def package_value(value: Any, threshold: int) -> tuple[OutputInfo, Any]:
 
     Returns the :class:`OutputInfo` for the envelope and the object to return.
     Arrays above the threshold are returned as they are (Ray stores them without a
-    copy); other large values are pickled once and returned as :class:`Pickled`.
+    copy); other large values are pickled once and returned as :class:`Pickled`, their
+    own large buffers (arrays inside a dict, say) kept out of band.
     """
     if isinstance(value, types.ModuleType):
         return OutputInfo("module", meta={"module": value.__name__}), value.__name__
@@ -282,13 +275,14 @@ def package_value(value: Any, threshold: int) -> tuple[OutputInfo, Any]:
     if nbytes is not None and nbytes > threshold:
         return OutputInfo("remote", meta={**describe(value), "nbytes": nbytes}), value
     try:
-        data = cloudpickle.dumps(value)
+        blob = Pickled.of(value, cloudpickle.dumps)
     except Exception as exc:
         meta = {**describe(value), "error": f"{type(exc).__name__}: {exc}"}
         return OutputInfo("unpicklable", meta=meta), None
-    if len(data) > threshold:
-        meta = {**describe(value), "nbytes": nbytes if nbytes is not None else len(data)}
-        return OutputInfo("remote", meta=meta), Pickled(data)
+    if blob.nbytes > threshold:
+        meta = {**describe(value), "nbytes": nbytes if nbytes is not None else blob.nbytes}
+        return OutputInfo("remote", meta=meta), blob
+    data = blob.data if not blob.buffers else cloudpickle.dumps(value)  # small: all in band
     if _NEEDS_RAY.search(data):
         # Ray objects (ObjectRefs, remote functions, actor handles) mean nothing without
         # Ray, and the kernel never imports it: they stay on the cluster behind a handle.

@@ -1,8 +1,11 @@
 """The wire protocol between a notebook kernel and the agent.
 
-A frame is a fixed 12-byte prefix (header length, payload length), a JSON header and
-an opaque payload (cloudpickle bytes, or empty). Both ends speak it over an asyncio
-stream, whatever carries that stream (a local Unix socket, or one forwarded by SSH).
+A frame is a fixed 12-byte prefix (header length, payload length), a JSON header, an
+opaque payload (a pickle, or empty) and the pickle's out-of-band buffers, whose sizes
+the header lists under ``"oob"``. Large buffers (numpy arrays, bytes) are written from
+their own memory and read into their own, never copied into the pickle stream. Both
+ends speak it over an asyncio stream, whatever carries that stream (a local Unix
+socket, or one forwarded by SSH).
 
 Every agent-to-kernel event carries a sequence number and stays in the session's
 :class:`SessionOutbox` until the kernel acknowledges it, so a kernel that loses its
@@ -14,11 +17,12 @@ twice. This module imports only the standard library: it runs on the head too.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import pickle
 import struct
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,22 +33,100 @@ _PREFIX = struct.Struct("!IQ")
 MAX_HEADER = 1 << 20
 
 
-def dumps(obj: Any) -> bytes:
-    """Pickle a payload: the C pickler when it can (most messages are plain data and
-    dataclasses), cloudpickle when the payload holds something only it can pickle."""
+#: Pickle buffers at least this big travel out of band; smaller ones stay in the stream.
+OOB_MIN = 1 << 16
+#: How much of an out-of-band buffer is read from (written to) the stream at a time.
+READ_CHUNK = 1 << 22
+WRITE_CHUNK = 1 << 20
+
+Buffers = Sequence[Any]  # objects with the buffer protocol
+
+
+def _collector(buffers: list[Any]) -> Callable[[pickle.PickleBuffer], bool]:
+    def keep(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < OOB_MIN:
+            return True  # in band
+        buffers.append(buffer)
+        return False
+
+    return keep
+
+
+def _cloudpickle_dumps() -> Callable[..., bytes]:
     try:
-        return pickle.dumps(obj, protocol=5)
+        import cloudpickle
+    except ImportError:
+        from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
+    return cloudpickle.dumps
+
+
+def dumps(obj: Any) -> tuple[bytes, list[Any]]:
+    """Pickle a payload: the pickle stream and its large buffers, kept out of band.
+
+    The C pickler when it can (most messages are plain data and dataclasses),
+    cloudpickle when the payload holds something only it can pickle.
+    """
+    buffers: list[Any] = []
+    try:
+        return pickle.dumps(obj, protocol=5, buffer_callback=_collector(buffers)), buffers
     except Exception:
-        try:
-            import cloudpickle
-        except ImportError:
-            from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
-
-        return cloudpickle.dumps(obj, protocol=5)
+        buffers.clear()
+        return _cloudpickle_dumps()(obj, protocol=5, buffer_callback=_collector(buffers)), buffers
 
 
-def loads(data: bytes) -> Any:
-    return pickle.loads(data)
+def loads(data: bytes, buffers: Buffers = ()) -> Any:
+    return pickle.loads(data, buffers=buffers)
+
+
+class Pickled:
+    """A value kept pickled (protocol 5): its pickle stream and out-of-band buffers.
+
+    Unpickled only where it is used. Pickling a ``Pickled`` hands its buffers on as
+    :class:`pickle.PickleBuffer`, so a protocol frame, or Ray's object store, carries
+    them without a copy.
+
+    >>> import numpy as np
+    >>> blob = Pickled.of(np.arange(1 << 15))  # 256 KiB of data: out of band
+    >>> len(blob.buffers), blob.nbytes > 1 << 18
+    (1, True)
+    >>> bool((loads(*dumps(blob)).load() == np.arange(1 << 15)).all())
+    True
+    """
+
+    __slots__ = ("buffers", "data")
+
+    def __init__(self, data: bytes, buffers: Buffers = ()) -> None:
+        self.data = data
+        self.buffers = list(buffers)
+
+    @classmethod
+    def of(cls, value: Any, pickler: Callable[..., bytes] | None = None) -> Pickled:
+        """Pickle ``value`` (with ``pickler``, cloudpickle's ``dumps`` by default)."""
+        buffers: list[Any] = []
+        data = (pickler or _cloudpickle_dumps())(value, protocol=5, buffer_callback=_collector(buffers))
+        return cls(data, buffers)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + sum(memoryview(b).nbytes for b in self.buffers)
+
+    def load(self) -> Any:
+        return pickle.loads(self.data, buffers=self.buffers)
+
+    def digest(self) -> str:
+        """A content hash of the stream and its buffers."""
+        h = hashlib.sha256(self.data)
+        for buffer in self.buffers:
+            h.update(buffer)
+        return h.hexdigest()[:32]
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        if isinstance(protocol, int) and protocol >= 5:
+            return Pickled, (self.data, [pickle.PickleBuffer(b) for b in self.buffers])
+        return Pickled, (self.data, [bytes(memoryview(b)) for b in self.buffers])
+
+    def __repr__(self) -> str:
+        return f"<Pickled {self.nbytes} bytes, {len(self.buffers)} out-of-band>"
 
 
 class ProtocolError(ConnectionError):
@@ -57,14 +139,26 @@ class Frame:
 
     header: dict[str, Any]
     payload: bytes = b""
+    buffers: Buffers = ()
 
     @property
     def type(self) -> str:
         return str(self.header.get("type", ""))
 
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload) + sum(memoryview(b).nbytes for b in self.buffers)
+
+    def _head(self) -> bytes:
+        header = self.header
+        if self.buffers:
+            header = {**header, "oob": [memoryview(b).nbytes for b in self.buffers]}
+        return json.dumps(header, separators=(",", ":")).encode()
+
     def encode(self) -> bytes:
-        head = json.dumps(self.header, separators=(",", ":")).encode()
-        return _PREFIX.pack(len(head), len(self.payload)) + head + self.payload
+        head = self._head()
+        parts = [_PREFIX.pack(len(head), len(self.payload)), head, self.payload]
+        return b"".join(parts + [memoryview(b).cast("B") for b in self.buffers])
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Frame:
@@ -74,23 +168,92 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame:
     if head_len > MAX_HEADER:
         raise ProtocolError(f"frame header of {head_len} bytes: not a jupyter_cluster peer")
     head = await reader.readexactly(head_len)
-    payload = await reader.readexactly(payload_len) if payload_len else b""
     try:
         header = json.loads(head)
     except ValueError as exc:
         raise ProtocolError("frame header is not JSON: not a jupyter_cluster peer") from exc
     if not isinstance(header, dict):
         raise ProtocolError("frame header is not a JSON object")
-    return Frame(header, payload)
+    payload = await reader.readexactly(payload_len) if payload_len else b""
+    sizes = header.pop("oob", ())
+    buffers = tuple([await _read_buffer(reader, int(n)) for n in sizes])
+    return Frame(header, payload, buffers)
+
+
+async def _read_buffer(reader: asyncio.StreamReader, size: int) -> bytearray:
+    """Read ``size`` bytes into a buffer of their own (writable: arrays built on it are too)."""
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    got = 0
+    while got < size:
+        chunk = await reader.read(min(size - got, READ_CHUNK))
+        if not chunk:
+            raise asyncio.IncompleteReadError(bytes(view[:got]), size)
+        view[got : got + len(chunk)] = chunk
+        got += len(chunk)
+    return buffer
 
 
 def write_frame(writer: asyncio.StreamWriter, frame: Frame) -> None:
     """Queue ``frame`` on ``writer`` (the caller drains when it wants back-pressure)."""
-    head = json.dumps(frame.header, separators=(",", ":")).encode()
+    _write_start(writer, frame)
+    for buffer in frame.buffers:
+        writer.write(memoryview(buffer).cast("B"))
+
+
+def _write_start(writer: asyncio.StreamWriter, frame: Frame) -> None:
+    """Everything of ``frame`` but its out-of-band buffers."""
+    head = frame._head()
     writer.write(_PREFIX.pack(len(head), len(frame.payload)) + head)
     if frame.payload:
         # Large payloads are written as their own buffer: no copy into the prefix.
         writer.write(frame.payload)
+
+
+class FrameWriter:
+    """Writes frames to one stream, in order.
+
+    A small frame goes out at once. A frame with large buffers is written a chunk at a
+    time as the stream drains, and the frames after it wait their turn: neither the
+    transport nor SSH then copies a whole array into a buffer of its own.
+    """
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self._queue: deque[Frame] = deque()
+        self._pump: asyncio.Task[None] | None = None
+
+    def write(self, frame: Frame) -> None:
+        if self._pump is None and len(frame.buffers) == 0:
+            write_frame(self.writer, frame)
+            return
+        self._queue.append(frame)
+        if self._pump is None:
+            self._pump = asyncio.ensure_future(self._write_queued())
+
+    async def _write_queued(self) -> None:
+        try:
+            while self._queue and not self.writer.is_closing():
+                frame = self._queue.popleft()
+                _write_start(self.writer, frame)
+                for buffer in frame.buffers:
+                    view = memoryview(buffer).cast("B")
+                    for start in range(0, len(view), WRITE_CHUNK):
+                        self.writer.write(view[start : start + WRITE_CHUNK])
+                        await self.writer.drain()
+        except (ConnectionError, OSError):
+            pass  # the reading side notices and reconnects; the outbox still has the frames
+        finally:
+            self._pump = None
+
+    def is_closing(self) -> bool:
+        return bool(self.writer.is_closing())
+
+    def close(self) -> None:
+        self._queue.clear()
+        if self._pump is not None:
+            self._pump.cancel()
+        self.writer.close()
 
 
 @dataclass
@@ -108,9 +271,9 @@ class SessionOutbox:
     last_seq: int = 0
     acked: int = 0
 
-    def append(self, header: dict[str, Any], payload: bytes = b"") -> Frame:
+    def append(self, header: dict[str, Any], payload: bytes = b"", buffers: Buffers = ()) -> Frame:
         self.last_seq += 1
-        frame = Frame({**header, "seq": self.last_seq}, payload)
+        frame = Frame({**header, "seq": self.last_seq}, payload, buffers)
         self._frames.append(frame)
         return frame
 
@@ -129,4 +292,4 @@ class SessionOutbox:
 
     @property
     def pending_bytes(self) -> int:
-        return sum(len(f.payload) for f in self._frames)
+        return sum(f.nbytes for f in self._frames)

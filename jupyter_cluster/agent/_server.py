@@ -18,13 +18,14 @@ import platform
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._protocol import (
     PROTOCOL_VERSION,
     Frame,
+    FrameWriter,
     ProtocolError,
     SessionOutbox,
     dumps,
@@ -44,19 +45,19 @@ class Session:
 
     name: str
     outbox: SessionOutbox = field(default_factory=SessionOutbox)
-    writer: asyncio.StreamWriter | None = None
+    writer: FrameWriter | None = None
     requests: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     detached_since: float = field(default_factory=time.monotonic)
 
-    def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
-        frame = self.outbox.append(header, payload)
+    def send(self, header: dict[str, Any], payload: bytes = b"", buffers: Sequence[Any] = ()) -> None:
+        frame = self.outbox.append(header, payload, buffers)
         if self.writer is not None and not self.writer.is_closing():
-            write_frame(self.writer, frame)
+            self.writer.write(frame)
 
     def emitter(self, request_id: str) -> Callable[..., None]:
         def emit(event: str, data: Any = None, final: bool = False) -> None:
-            payload = b"" if data is None else dumps(data)
-            self.send({"type": "event", "req": request_id, "event": event, "final": final}, payload)
+            payload, buffers = (b"", []) if data is None else dumps(data)
+            self.send({"type": "event", "req": request_id, "event": event, "final": final}, payload, buffers)
 
         return emit
 
@@ -110,7 +111,7 @@ class AgentServer:
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, ProtocolError) as exc:
             log.info("connection closed: %r", exc)
         finally:
-            if session is not None and session.writer is writer:
+            if session is not None and session.writer is not None and session.writer.writer is writer:
                 session.writer = None
                 session.detached_since = time.monotonic()
             writer.close()
@@ -126,7 +127,7 @@ class AgentServer:
         session = self.sessions.setdefault(name, Session(name))
         if session.writer is not None:  # a newer connection of the same session wins
             session.writer.close()
-        session.writer = writer
+        session.writer = out = FrameWriter(writer)
         import ray
 
         welcome = {
@@ -140,11 +141,11 @@ class AgentServer:
             "pid": os.getpid(),
             "last_seq": session.outbox.last_seq,
         }
-        write_frame(writer, Frame(welcome))
+        out.write(Frame(welcome))
         last_seen = int(header.get("last_seq", 0))
         session.outbox.ack(last_seen)
         for frame in session.outbox.after(last_seen):
-            write_frame(writer, frame)
+            out.write(frame)
         log.info("session %s attached (resuming after %d)", name, last_seen)
         return session
 
@@ -168,7 +169,7 @@ class AgentServer:
         try:
             if handler is None:
                 raise ValueError(f"unknown request {op!r}")
-            body = loads(frame.payload) if frame.payload else {}
+            body = loads(frame.payload, frame.buffers) if frame.payload else {}
             body["id"] = request_id
             await handler(body, session, emit)
         except Exception as exc:
