@@ -134,7 +134,7 @@ def main() -> None:
                 remote.down()
 
     med = {who: {k: statistics.median(v) for k, v in d.items()} for who, d in rounds.items()}
-    print(json.dumps(med, indent=1), file=sys.stderr)
+    print(json.dumps(rounds), file=sys.stderr)  # every round, for the spread
     ms = {who: {k: v * 1e3 for k, v in d.items() if k in ("task", "actor")} for who, d in med.items()}
     print(f"{'round trip (ms)':16s} {'SSH':>7s} {'embedded':>9s} {'raw Ray':>8s} {'Ray Client':>11s} {'%px':>7s}")
     for key in ("task", "actor"):

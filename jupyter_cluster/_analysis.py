@@ -12,6 +12,7 @@ message that says which line to move to an ordinary cell.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import tokenize
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -106,6 +107,7 @@ def _ipython_line(source: str, error: SyntaxError) -> int | None:
     return lineno
 
 
+@functools.lru_cache(maxsize=512)  # a pure function of the source: re-run cells are not re-parsed
 def analyse_cell(source: str) -> CellAnalysis:
     """Find a cell's inputs and outputs, and whether it displays its last value.
 
