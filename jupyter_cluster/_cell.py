@@ -236,7 +236,21 @@ class RemoteCell:
     def _outputs(self, outcome: CellOutcome, result: CellResult) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for name, info in outcome.outputs.items():
-            if info.kind == "inline":
+            if info.kind == "inline" and not self.cluster._ledger.accepts_code(info.data):
+                # Code pickled by another Python (a function or class the cell defined) could
+                # load here and then misbehave: it stays on the cluster, usable by later cells.
+                result.warnings.append(
+                    f"`{name}` carries Python code made by the cluster's Python {self.cluster.python}; "
+                    "it stays on the cluster (later remote cells can use it)."
+                )
+                if self.spec.map_name is None:
+                    values[name] = ObjectHandle(
+                        f"{self.cell_id}/{name}",
+                        {"type": "Python code", "node": outcome.node},
+                        release=self.cluster._release,
+                        name=name,
+                    )
+            elif info.kind == "inline":
                 values[name] = cloudpickle.loads(info.data)
             elif info.kind == "remote":
                 pending = self.handles.get(name) if self.spec.map_name is None else None

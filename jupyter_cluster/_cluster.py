@@ -44,10 +44,14 @@ def python_mismatch(kernel: str, head: str) -> str | None:
     """
     if kernel.split(".")[:2] == head.split(".")[:2]:
         return None
+    minor = ".".join(head.split(".")[:2])
     return (
         f"the notebook runs Python {kernel} and the cluster Python {head}: Python code "
         "(functions and classes defined in the notebook) cannot travel between different "
-        "minor versions."
+        "minor versions. Cells, data inputs and outputs, and functions defined inside a "
+        f"remote cell work as usual. To send notebook functions too, run this notebook on "
+        f"Python {minor}, or connect with --python naming a Python "
+        f"{'.'.join(kernel.split('.')[:2])} on the head that has Ray."
     )
 
 
@@ -132,7 +136,9 @@ class Cluster:
         self.mismatch = python_mismatch(platform.python_version(), self.python)
         if self.mismatch:
             self._ledger.code_ok = False
-            self._ledger.code_reason = self.mismatch
+            self._ledger.code_reason = (
+                f"the notebook runs Python {platform.python_version()} and the cluster Python {self.python}."
+            )
 
     @property
     def session(self) -> str:

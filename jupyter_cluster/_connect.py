@@ -92,12 +92,22 @@ async def _stop_started(started: StartedRay) -> None:
             await RemoteHead(target, conn).stop_ray(*started.patterns)
 
 
-def _ray_note(head_ray: str) -> str | None:
+def _kernel_ray() -> str | None:
     try:
-        mine = importlib.metadata.version("ray")
+        return importlib.metadata.version("ray")
     except importlib.metadata.PackageNotFoundError:
         return None
-    if mine == head_ray:
+
+
+def ray_note(mine: str | None, head_ray: str) -> str | None:
+    """Explain a Ray version that differs between the kernel's environment and the head.
+
+    >>> ray_note(None, "2.60.0") is None  # no Ray beside the kernel: nothing to compare
+    True
+    >>> "Ray 2.50.0" in ray_note("2.50.0", "2.60.0")
+    True
+    """
+    if mine is None or mine == head_ray:
         return None
     return (
         f"this kernel's environment has Ray {mine} and the head Ray {head_ray}. Cells work (the notebook never "
@@ -225,7 +235,7 @@ def connect(
     cluster = Cluster(link, kind=f"ssh {ssh_target.describe()}")
     cluster.head = state["info"]
     cluster.shipped = state.get("shipped")
-    cluster.ray_note = _ray_note(state["info"].get("ray", ""))
+    cluster.ray_note = ray_note(_kernel_ray(), state["info"].get("ray", ""))
     cluster.dashboard_url = _run(_forward_dashboard(conn), timeout=30)
     cluster.started = started
     if started is not None:

@@ -56,6 +56,11 @@ class InputLedger:
         self.code_ok = True
         self.code_reason = ""
 
+    def accepts_code(self, data: bytes) -> bool:
+        """Whether a pickle may be loaded on the other side: always, unless the Python
+        versions differ and it carries code."""
+        return self.code_ok or not any(marker in data for marker in _CODE_MARKERS)
+
     def prepare(self, names: list[str], namespace: dict[str, Any]) -> ShippedInputs:
         shipped = ShippedInputs()
         order = []
@@ -83,7 +88,7 @@ class InputLedger:
                 shipped.entries.append((name, "parts", (type(value).__name__, parts)))
                 continue
             blob = pickle_value(name, value)
-            if not self.code_ok and any(marker in blob.data for marker in _CODE_MARKERS):
+            if not self.accepts_code(blob.data):
                 raise InputError(
                     f"cannot send `{name}`: it carries Python code (a function or class defined "
                     f"in the notebook), and {self.code_reason} Data-only inputs still work; "
