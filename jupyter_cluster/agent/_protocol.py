@@ -42,6 +42,11 @@ WRITE_CHUNK = 1 << 20
 Buffers = Sequence[Any]  # objects with the buffer protocol
 
 
+def _size(data: bytes, buffers: Buffers) -> int:
+    """Bytes in a pickle stream and its out-of-band buffers."""
+    return len(data) + sum(memoryview(b).nbytes for b in buffers)
+
+
 def _collector(buffers: list[Any]) -> Callable[[pickle.PickleBuffer], bool]:
     def keep(buffer: pickle.PickleBuffer) -> bool:
         if buffer.raw().nbytes < OOB_MIN:
@@ -108,7 +113,7 @@ class Pickled:
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + sum(memoryview(b).nbytes for b in self.buffers)
+        return _size(self.data, self.buffers)
 
     def load(self) -> Any:
         return pickle.loads(self.data, buffers=self.buffers)
@@ -147,7 +152,7 @@ class Frame:
 
     @property
     def nbytes(self) -> int:
-        return len(self.payload) + sum(memoryview(b).nbytes for b in self.buffers)
+        return _size(self.payload, self.buffers)
 
     def _head(self) -> bytes:
         header = self.header

@@ -18,12 +18,13 @@ import platform
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._protocol import (
     PROTOCOL_VERSION,
+    Buffers,
     Frame,
     FrameWriter,
     ProtocolError,
@@ -49,7 +50,7 @@ class Session:
     requests: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     detached_since: float = field(default_factory=time.monotonic)
 
-    def send(self, header: dict[str, Any], payload: bytes = b"", buffers: Sequence[Any] = ()) -> None:
+    def send(self, header: dict[str, Any], payload: bytes = b"", buffers: Buffers = ()) -> None:
         frame = self.outbox.append(header, payload, buffers)
         if self.writer is not None and not self.writer.is_closing():
             self.writer.write(frame)
