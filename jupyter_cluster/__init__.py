@@ -25,6 +25,7 @@ from ._errors import (
     ClusterConnectionError,
     ClusterError,
     InputError,
+    LinkLostError,
     RemoteError,
     RequestError,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "ClusterError",
     "ClusterStatus",
     "InputError",
+    "LinkLostError",
     "ObjectHandle",
     "RemoteCell",
     "RemoteError",

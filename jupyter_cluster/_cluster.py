@@ -12,9 +12,10 @@ import itertools
 import linecache
 import platform
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._analysis import analyse_cell
@@ -59,13 +60,34 @@ def python_mismatch(kernel: str, head: str) -> str | None:
 class ClusterStatus:
     """A snapshot of the cluster, as ``%cluster status`` shows it."""
 
-    data: dict[str, Any]
+    data: dict[str, Any] | None
     kind: str
     dashboard: str | None = None
+    link: dict[str, Any] = field(default_factory=dict)
+
+    def _link_line(self) -> str:
+        link = self.link
+        state = link.get("state", "connected")
+        if state == "reconnecting":
+            since = time.strftime("%H:%M:%S", time.localtime(link["since"]))
+            return (
+                f"  link: reconnecting to {link['target']} since {since} "
+                f"({time.time() - link['since']:.0f} s, {link['attempts']} attempt(s); last: {link['last_error']})"
+            )
+        if state == "lost":
+            return f"  link: lost ({link.get('error')})"
+        rtt = f", round trip {link['rtt'] * 1000:.1f} ms" if link.get("rtt") is not None else ""
+        return f"  link: {state} to {link.get('target', '?')}, session {link.get('session', '?')}{rtt}"
 
     def __str__(self) -> str:
         data = self.data
+        if data is None:
+            return "\n".join(
+                [f"{self.kind} cluster", self._link_line(), "  (nodes, cells and actors show once the link is back)"]
+            )
         lines = [f"{self.kind} Ray {data['ray']} cluster, {len(data['nodes'])} node(s)"]
+        if self.link:
+            lines.append(self._link_line())
         if self.dashboard:
             lines.append(f"  Ray dashboard: {self.dashboard}")
         for node in data["nodes"]:
@@ -130,6 +152,10 @@ class Cluster:
         self.missed = link.orphans
         #: The Ray processes this cluster started (``up``, ``--start-head``), if any.
         self.started: Any = None
+        link.on_give_up = self._link_gave_up
+        #: Interrupting a cell while the link is down: "cancel" it when the link
+        #: returns, or "keep" it running (its result arrives when the link is back).
+        self.on_interrupt = "cancel"
         welcome = link.welcome
         self.python = str(welcome.get("python", ""))
         self.ray_version = str(welcome.get("ray", ""))
@@ -152,6 +178,26 @@ class Cluster:
     def __repr__(self) -> str:
         state = "attached" if self.alive else "detached"
         return f"<Cluster {self.kind} Python {self.python} Ray {self.ray_version} {state}>"
+
+    @property
+    def link(self) -> dict[str, Any]:
+        """The link's state: ``state`` (connected, reconnecting, detached, lost), and while
+        reconnecting ``since`` (``time.time()``), ``attempts`` and ``last_error``; ``rtt``
+        is the last heartbeat's round trip in seconds."""
+        link = self._link
+        info: dict[str, Any] = {"state": link.state, "target": link.target, "session": link.session, "rtt": link.rtt}
+        if link.state == "reconnecting":
+            info.update(since=link.down_since, attempts=link.attempts, last_error=link.last_error)
+        elif link.state == "lost":
+            info["error"] = link.lost
+        return info
+
+    def _link_gave_up(self, error: BaseException) -> None:
+        # The session lives on in the agent when only the link is gone: a later
+        # connect with its name resumes this very object (see ``_detached``).
+        if getattr(error, "resume", None):
+            _detached[self._link.session] = self
+        _forget(self)
 
     # ----------------------------------------------------------------- cells
     def run_cell(
@@ -370,8 +416,14 @@ class Cluster:
 
     # --------------------------------------------------------------- cluster
     def status(self) -> ClusterStatus:
-        """Nodes, resources, running cells and actors."""
-        return ClusterStatus(self._link.call("status"), self.kind, self.dashboard_url)
+        """The link, nodes, resources, running cells and actors.
+
+        While the link is down this answers at once, with the link's state only.
+        """
+        link = self.link
+        if link["state"] != "connected":
+            return ClusterStatus(None, self.kind, self.dashboard_url, link)
+        return ClusterStatus(self._link.call("status"), self.kind, self.dashboard_url, link)
 
     def cancel_all(self) -> None:
         for cell in list(self.cells.values()):
@@ -387,9 +439,11 @@ class Cluster:
     def down(self) -> None:
         """Stop what this cluster started: its agent, and the Ray it brought up (if any)."""
         if not self._link.closed:
+            # While the link is down, give it a moment to come back, not the full wait.
+            wait = 30.0 if self._link.state == "connected" else 10.0
             try:
-                self._link.call("shutdown", timeout=30)
-            except Exception:  # already gone: the process check below settles it
+                self._link.call("shutdown", timeout=wait)
+            except Exception:  # already gone (or unreachable): what follows settles it
                 pass
         self._link.close()
         if self._agent is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import ipaddress
+import os
 import re
 import secrets
 import shlex
@@ -22,7 +23,7 @@ from typing import Any
 
 from ._cluster import Cluster, _detached, attach
 from ._errors import ClusterConnectionError
-from ._link import AgentLink, _LoopThread
+from ._link import DEFAULT_KEEPALIVE, AgentLink, _LoopThread
 from ._ssh import HeadError, RemoteHead, SSHTarget, SSHTransport, open_ssh
 
 DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
@@ -64,13 +65,30 @@ def _node_ip(target: SSHTarget) -> str:
     return "" if address.is_loopback else f"--node-ip-address {address}"
 
 
+async def _head_token(head: RemoteHead) -> str:
+    """The token Ray's own tools on the head use, ``~/.ray/auth_token``; made there
+    (mode 0600, as ``ray start`` would) when the head has none. Keeping it there lets
+    the user's other notebooks, ``ray status`` and ``ray job submit`` reach the
+    cluster we start."""
+    path = shlex.quote(f"{head.info['home']}/.ray/auth_token")
+    done = await head.run(
+        f"umask 077 && mkdir -p {shlex.quote(head.info['home'] + '/.ray')} && "
+        f"{{ [ -s {path} ] || cat > {path}; }} && cat {path}",
+        stdin=secrets.token_hex(32),
+    )
+    token = str(done.stdout).strip()
+    if done.exit_status != 0 or not token:
+        raise HeadError(f"could not read or write ~/.ray/auth_token on {head.target.host}: {str(done.stderr).strip()}")
+    return token
+
+
 async def _start_head(head: RemoteHead, port: int) -> StartedRay:
-    token = secrets.token_hex(24)
+    token = await _head_token(head)
     temp = f"/tmp/jc-{secrets.token_hex(4)}"
     done = await head.start_ray(
         f"start --head --port {port} --dashboard-host 127.0.0.1 --temp-dir {temp} --disable-usage-stats "
         f"{_node_ip(head.target)}",
-        _token_env(token),
+        {"RAY_AUTH_MODE": "token"},
     )
     match = re.search(r"--address='([^']+)'", str(done.stdout))
     if done.exit_status != 0 or match is None:
@@ -125,6 +143,7 @@ async def _bring_up(
     port: int,
     idle_timeout: float,
     started: StartedRay | None,
+    ray_token: str | None = None,
 ) -> tuple[Any, dict[str, Any], StartedRay | None]:
     from . import __version__
 
@@ -135,7 +154,6 @@ async def _bring_up(
         state = await head.agent_state(session) if session else None
         if state is None:
             address = started.address if started else info.get("ray_address")
-            env = _token_env(started.token) if started else {}
             if not address:
                 if not start_head:
                     raise HeadError(
@@ -143,13 +161,22 @@ async def _bring_up(
                         "or connect with --start-head (or use `%cluster up`)."
                     )
                 started = await _start_head(head, port)
-                address, env = started.address, _token_env(started.token)
+                address = started.address
+            if started is not None:
+                ray_token = started.token
             lib = await head.ship_agent(__version__, force=ship == "always")
             session = session or secrets.token_hex(4)
+            env = {}
             if started is not None and _node_ip(target):  # the address we gave `ray start`
-                env = {**env, "RAY_NODE_IP_ADDRESS": target.host}
+                env["RAY_NODE_IP_ADDRESS"] = target.host
             state = await head.start_agent(
-                session, secrets.token_hex(32), address=address, lib=lib, env=env, idle_timeout=idle_timeout
+                session,
+                secrets.token_hex(32),
+                address=address,
+                lib=lib,
+                env=env,
+                idle_timeout=idle_timeout,
+                ray_token=ray_token,
             )
             state["shipped"] = lib
         state["session"] = session
@@ -170,6 +197,22 @@ async def _forward_dashboard(conn: Any) -> str | None:
     return f"http://127.0.0.1:{listener.get_port()}"
 
 
+def _ray_token(ray_token_file: str | None) -> str | None:
+    """The Ray token this kernel passes on to the agent: ``ray_token_file``'s content,
+    else this kernel's ``RAY_AUTH_TOKEN``; None leaves the head's own to Ray."""
+    if ray_token_file:
+        path = os.path.expanduser(ray_token_file)
+        try:
+            with open(path) as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--ray-token-file {ray_token_file}: cannot read it ({exc.strerror})") from None
+        if not token or len(token.split()) != 1:
+            raise ValueError(f"--ray-token-file {ray_token_file}: expected one token on one line, found none")
+        return token
+    return os.environ.get("RAY_AUTH_TOKEN", "").strip() or None
+
+
 def connect(
     target: str,
     *,
@@ -180,7 +223,10 @@ def connect(
     session: str | None = None,
     port: int = 6379,
     reconnect_for: float = 600.0,
+    keepalive: float = DEFAULT_KEEPALIVE,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ray_token_file: str | None = None,
+    on_interrupt: str = "cancel",
     ship: str = "auto",
     _started: StartedRay | None = None,
 ) -> Cluster:
@@ -198,6 +244,16 @@ def connect(
         Resume this session (its agent and work), from this kernel or another.
     reconnect_for
         Seconds the kernel keeps reconnecting after the link drops.
+    keepalive
+        Seconds of silence after which the link counts as lost and is reconnected
+        (a laptop that slept, a Wi-Fi that roamed).
+    ray_token_file
+        A file on this machine holding the Ray cluster's token, for a cluster with
+        token authentication whose head does not keep it in ``~/.ray/auth_token``
+        (``RAY_AUTH_TOKEN`` in this kernel's environment does the same).
+    on_interrupt
+        What interrupting a cell does while the link is down: ``"cancel"`` the
+        remote work as soon as the link is back, or ``"keep"`` it running.
     ship
         ``"auto"``: copy the agent's modules to the head unless this version is
         installed there; ``"always"``: copy them anyway.
@@ -208,11 +264,17 @@ def connect(
     """
     if ship not in ("auto", "always"):
         raise ValueError("ship must be 'auto' or 'always'")
+    if on_interrupt not in ("cancel", "keep"):
+        raise ValueError("on_interrupt must be 'cancel' or 'keep'")
+    if keepalive < 0 or reconnect_for < 0:
+        raise ValueError("keepalive and reconnect_for are seconds, not negative")
     if session and session in _detached and not _started:
         cluster = _detached[session]
         cluster._link.reopen()
         return attach(cluster)
+    token = _ray_token(ray_token_file)
     ssh_target = SSHTarget.parse(target, identity=identity, known_hosts=known_hosts, python=python)
+    ssh_target.keepalive = keepalive or 0.0
     conn, state, started = _run(
         _bring_up(
             ssh_target,
@@ -222,17 +284,20 @@ def connect(
             port=port,
             idle_timeout=idle_timeout,
             started=_started,
+            ray_token=token,
         ),
         timeout=None,
     )
     transport = SSHTransport(ssh_target, state["socket"], conn)
-    link = AgentLink(transport, state["secret"], state["session"], reconnect_for=reconnect_for)
+    link = AgentLink(transport, state["secret"], state["session"], reconnect_for=reconnect_for, keepalive=keepalive)
     try:
         link.connect()
     except BaseException:
         conn.close()
         raise
+    transport.agent_pid = int(link.welcome["pid"])
     cluster = Cluster(link, kind=f"ssh {ssh_target.describe()}")
+    cluster.on_interrupt = on_interrupt
     cluster.head = state["info"]
     cluster.shipped = state.get("shipped")
     cluster.ray_note = ray_note(_kernel_ray(), state["info"].get("ray", ""))
@@ -252,6 +317,7 @@ def up(
     known_hosts: str | None = None,
     port: int = 6379,
     reconnect_for: float = 600.0,
+    keepalive: float = DEFAULT_KEEPALIVE,
 ) -> Cluster:
     """Start Ray on ``head`` and each of ``workers`` over SSH, then attach to it.
 
@@ -271,6 +337,7 @@ def up(
             known_hosts=known_hosts,
             port=port,
             reconnect_for=reconnect_for,
+            keepalive=keepalive,
             _started=started,
         )
     except BaseException:

@@ -42,6 +42,19 @@ class AgentLostError(ClusterConnectionError):
         self.reason = reason
 
 
+class LinkLostError(ClusterConnectionError):
+    """The link to a remote agent stayed down longer than ``reconnect_for``.
+
+    The agent, the session and the work in flight live on on the head: connecting
+    again with the session's name resumes them.
+    """
+
+    def __init__(self, message: str, session: str, resume: str | None = None) -> None:
+        super().__init__(message)
+        self.session = session
+        self.resume = resume
+
+
 class RequestError(ClusterError):
     """The agent refused or failed a request; the message says why."""
 

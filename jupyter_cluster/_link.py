@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
@@ -24,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from ._errors import AgentLostError, ClusterConnectionError, RequestError
+from ._errors import AgentLostError, ClusterConnectionError, LinkLostError, RequestError
 from .agent._protocol import PROTOCOL_VERSION, Frame, FrameWriter, dumps, loads, read_frame, write_frame
 
 log = logging.getLogger("jupyter_cluster")
@@ -34,6 +35,30 @@ EventCallback = Callable[[str, Any], None]
 
 #: Seconds the kernel waits before acknowledging events (so acks are batched).
 ACK_DELAY = 0.05
+#: Seconds of silence after which a link counts as lost (``jc.connect(..., keepalive=)``).
+DEFAULT_KEEPALIVE = 15.0
+#: Seconds for the agent to answer ``hello``, and for one reconnect attempt in all.
+HANDSHAKE_TIMEOUT = 15.0
+CONNECT_ATTEMPT_TIMEOUT = 45.0
+#: The longest pause between reconnect attempts.
+MAX_BACKOFF = 5.0
+
+
+def _why(exc: BaseException) -> str:
+    """A short reason for a failure: asyncssh's own reason where it gives one."""
+    reason = getattr(exc, "reason", None)
+    text = reason if isinstance(reason, str) and reason else str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _abort(writer: Any) -> None:
+    """End a stream at once, as a network failure would (an SSH stream aborts its channel)."""
+    channel: Any = getattr(writer, "channel", None)  # an SSH stream has no transport
+    with contextlib.suppress(Exception):
+        if channel is not None:
+            channel.abort()
+        else:
+            writer.transport.abort()
 
 
 class Transport(Protocol):
@@ -45,7 +70,15 @@ class Transport(Protocol):
         """Why the agent can never be reached again, or None if it may come back."""
         ...
 
+    def discard(self) -> None:
+        """Drop whatever carries the streams (an SSH connection), so the next open starts afresh."""
+        ...
+
     def describe(self) -> str: ...
+
+    def resume_hint(self, session: str) -> str | None:
+        """How a user resumes ``session`` later, or None where that cannot be done."""
+        ...
 
 
 class UnixTransport:
@@ -61,8 +94,14 @@ class UnixTransport:
     def lost_reason(self) -> str | None:
         return self._exited()
 
+    def discard(self) -> None:
+        pass
+
     def describe(self) -> str:
         return f"unix:{self.path}"
+
+    def resume_hint(self, session: str) -> str | None:
+        return None
 
 
 class _LoopThread:
@@ -101,6 +140,13 @@ class PendingRequest:
 class AgentLink:
     """A session with one agent, kept alive across dropped connections.
 
+    A connection can end in three ways, and each starts the reconnect loop: a reset,
+    a clean close (asyncssh raises its own ``DisconnectError`` family then), and
+    silence. Silence is caught by a heartbeat: the kernel sends a ``ping`` every
+    ``keepalive / 3`` seconds and treats ``keepalive`` seconds with no byte from the
+    agent as a dead link (SSH keepalives do the same one layer down). Nothing ends
+    the reader quietly: an unexpected error is logged and handled as a drop.
+
     Parameters
     ----------
     transport
@@ -111,28 +157,48 @@ class AgentLink:
         The session's name; a later link with the same name resumes it.
     reconnect_for
         Seconds to keep trying after a connection drops before failing open requests.
+    keepalive
+        Seconds of silence after which the link counts as lost (0: never).
     """
 
     def __init__(
-        self, transport: Transport, secret: str, session: str | None = None, reconnect_for: float = 600.0
+        self,
+        transport: Transport,
+        secret: str,
+        session: str | None = None,
+        reconnect_for: float = 600.0,
+        keepalive: float = DEFAULT_KEEPALIVE,
     ) -> None:
         self.transport = transport
         self.secret = secret
         self.session = session or uuid.uuid4().hex[:12]
         self.reconnect_for = reconnect_for
+        self.keepalive = keepalive
         self.welcome: dict[str, Any] = {}
         self.last_seq = 0
         self.pending: dict[str, PendingRequest] = {}
         self.closed = False
         self.lost: str | None = None
-        self.on_disconnect: Callable[[str], None] | None = None
-        self.on_reconnect: Callable[[], None] | None = None
+        self.lost_error: ClusterConnectionError | None = None
+        #: "connecting", "connected", "reconnecting", "detached" or "lost".
+        self.state = "connecting"
+        #: When the current outage began (``time.time()``), while reconnecting.
+        self.down_since: float | None = None
+        #: Reconnect attempts in the current outage, and why the last one failed.
+        self.attempts = 0
+        self.last_error = ""
+        #: The last heartbeat's round trip, in seconds.
+        self.rtt: float | None = None
+        #: Called with the reason when the link gives up for good (the session may live on).
+        self.on_give_up: Callable[[BaseException], None] | None = None
         #: Final events of requests this link did not send (an earlier kernel's).
         self.orphans: list[tuple[str, Any]] = []
         self._ids = itertools.count(1)
         self._writer: FrameWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Future[None] | None = None
+        self._heard_at = time.monotonic()
         self._ack_scheduled = False
         self._thread = _LoopThread.get()
 
@@ -149,17 +215,18 @@ class AgentLink:
             "secret": self.secret,
             "session": self.session,
             "last_seq": self.last_seq,
+            "keepalive": self.keepalive,
             "python": platform.python_version(),
             "pid": os.getpid(),
         }
         write_frame(writer, Frame(hello))
-        await writer.drain()
         try:
-            answer = await asyncio.wait_for(read_frame(reader), 15)
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            await writer.drain()
+            answer = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT)
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError) as exc:
             writer.close()
             raise ClusterConnectionError(
-                f"the agent at {self.transport.describe()} closed the connection during the handshake"
+                f"the agent at {self.transport.describe()} did not complete the handshake ({_why(exc)})"
             ) from exc
         if answer.type != "welcome":
             writer.close()
@@ -167,72 +234,154 @@ class AgentLink:
             raise ClusterConnectionError(f"the agent refused the session: {reason}")
         if self.welcome and answer.header.get("pid") != self.welcome.get("pid"):
             # Another agent process: the old session's work is gone with the old agent.
-            self._fail_all("the agent was restarted; the work in flight is lost")
+            self._fail_all(AgentLostError("the agent was restarted; the work in flight is lost"))
             self.last_seq = 0
         self.welcome = answer.header
         self._writer = out = FrameWriter(writer)
+        self._heard()
         self._reader_task = asyncio.ensure_future(self._read(reader, writer))
+        if self.keepalive > 0:
+            self._heartbeat_task = asyncio.ensure_future(self._heartbeat(out))
         for request in list(self.pending.values()):
             out.write(request.frame)
+        self.state = "connected"
         return self.welcome
+
+    def _heard(self) -> None:
+        self._heard_at = time.monotonic()
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                frame = await read_frame(reader)
+                frame = await read_frame(reader, self._heard)
                 self._on_frame(frame)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            reason = f"{type(exc).__name__}: {exc}"
         except asyncio.CancelledError:
             return
-        writer.close()
-        if self._writer is not None and self._writer.writer is writer:
-            self._writer = None
-        if not self.closed:
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            reason = _why(exc)
+        except Exception as exc:  # asyncssh's DisconnectError family, or a bug: never end quietly
+            if type(exc).__module__.startswith("asyncssh"):
+                reason = _why(exc)
+            else:
+                log.exception("the link's reader failed; treating it as a dropped connection")
+                reason = f"an error in the link's reader ({_why(exc)})"
+        self._drop(writer)
+        if not self.closed and self._reconnecting is None:
             self._reconnecting = asyncio.ensure_future(self._reconnect(reason))
 
+    def _drop(self, writer: asyncio.StreamWriter) -> None:
+        """Forget a connection that ended (or that we end)."""
+        if self._heartbeat_task is not None and self._writer is not None and self._writer.writer is writer:
+            self._heartbeat_task.cancel()
+            self._heartbeat_task = None
+        if self._writer is not None and self._writer.writer is writer:
+            self._writer = None
+        with contextlib.suppress(Exception):
+            writer.close()
+
+    async def _heartbeat(self, out: FrameWriter) -> None:
+        """Ping the agent; a link silent for ``keepalive`` seconds is dropped and reconnected."""
+        interval = self.keepalive / 3
+        while self._writer is out:
+            await asyncio.sleep(interval)
+            if self._writer is not out:
+                return
+            silent = time.monotonic() - self._heard_at
+            if silent > self.keepalive:
+                log.warning("no word from the agent for %.0f s; treating the link as lost", silent)
+                # The carrier (an SSH connection) is presumed dead too: start afresh.
+                self.transport.discard()
+                _abort(out.writer)
+                return
+            out.write(Frame({"type": "ping", "t": time.monotonic()}))
+
     async def _reconnect(self, reason: str) -> None:
+        self.state = "reconnecting"
+        self.down_since = time.time()
+        self.attempts = 0
+        self.last_error = reason
         log.warning("lost the link to the agent (%s); reconnecting", reason)
-        if self.on_disconnect is not None:
-            self.on_disconnect(reason)
+        self._notify("link", {"state": "lost", "at": self.down_since, "reason": reason, "target": self.target})
         deadline = time.monotonic() + self.reconnect_for
         delay = 0.1
-        while not self.closed:
-            gone = self.transport.lost_reason()
-            if gone is not None:
-                self._give_up(gone)
-                return
-            try:
-                await self._connect()
-            except (OSError, ClusterConnectionError, asyncio.TimeoutError) as exc:
-                if time.monotonic() > deadline:
-                    self._give_up(f"could not reconnect for {self.reconnect_for:.0f} s: {exc}")
+        try:
+            while not self.closed:
+                gone = self.transport.lost_reason()
+                if gone is not None:
+                    self._give_up(AgentLostError(gone))
                     return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-            else:
-                log.warning("reconnected to the agent")
-                if self.on_reconnect is not None:
-                    self.on_reconnect()
-                return
+                self.attempts += 1
+                try:
+                    await asyncio.wait_for(self._connect(), CONNECT_ATTEMPT_TIMEOUT)
+                except Exception as exc:  # whatever the failure, the next attempt may work
+                    self.last_error = _why(exc)
+                    self.transport.discard()
+                    if time.monotonic() + delay > deadline:
+                        self._give_up(self._lost_error())
+                        return
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAX_BACKOFF)
+                else:
+                    if self._writer is None:
+                        continue  # the new connection ended at once: go on trying
+                    after = time.time() - self.down_since
+                    log.warning("reconnected to the agent after %.1f s", after)
+                    self._notify("link", {"state": "reconnected", "after": after, "attempts": self.attempts})
+                    self.down_since = None
+                    return
+        finally:
+            self._reconnecting = None
 
-    def _give_up(self, reason: str) -> None:
-        self.lost = reason
+    @property
+    def target(self) -> str:
+        return self.transport.describe()
+
+    def _lost_error(self) -> LinkLostError:
+        since = time.strftime("%H:%M:%S", time.localtime(self.down_since or time.time()))
+        hint = self.transport.resume_hint(self.session)
+        resume = f" `{hint}` resumes it and binds what finished meanwhile." if hint else ""
+        message = (
+            f"the link to {self.target} was lost at {since} and did not come back within "
+            f"{self.reconnect_for:.0f} s (last attempt: {self.last_error}). Session {self.session} and its work "
+            f"live on in the agent; the notebook's variables are intact.{resume}"
+        )
+        return LinkLostError(message, self.session, hint)
+
+    def _give_up(self, error: ClusterConnectionError) -> None:
+        self.lost = str(error)
+        self.lost_error = error
         self.closed = True
-        self._fail_all(reason)
+        self.state = "lost"
+        self._fail_all(error)
+        if self.on_give_up is not None:
+            try:
+                self.on_give_up(error)
+            except Exception:
+                log.exception("on_give_up failed")
 
-    def _fail_all(self, reason: str) -> None:
+    def _fail_all(self, error: BaseException) -> None:
         for request in list(self.pending.values()):
             self.pending.pop(request.id, None)
-            error = AgentLostError(reason)
             if request.on_event is not None:
                 request.on_event("lost", error)
             if not request.future.done():
                 request.future.set_exception(error)
 
+    def _notify(self, event: str, data: Any) -> None:
+        """Tell every open request about the link (cells show it in their output)."""
+        for request in list(self.pending.values()):
+            if request.on_event is not None:
+                try:
+                    request.on_event(event, data)
+                except Exception:
+                    log.exception("event handler of request %s failed", request.id)
+
     # --------------------------------------------------------------- events
     def _on_frame(self, frame: Frame) -> None:
         header = frame.header
+        if frame.type == "pong":
+            self.rtt = time.monotonic() - float(header.get("t", 0.0))
+            return
         seq = int(header.get("seq", 0))
         if seq and seq <= self.last_seq:
             return  # already seen before a reconnect
@@ -278,7 +427,7 @@ class AgentLink:
     ) -> PendingRequest:
         """Send a request (from any thread); its future resolves with the final event."""
         if self.closed:
-            raise AgentLostError(self.lost or "the session is closed")
+            raise self.lost_error or AgentLostError(self.lost or "the session is closed")
         request_id = f"{self.session}-{next(self._ids)}"
         payload, buffers = dumps(body) if body else (b"", [])
         frame = Frame({"type": "request", "id": request_id, "op": op}, payload, buffers)
@@ -304,24 +453,28 @@ class AgentLink:
         """Close the current connection as a network failure would (the link reconnects)."""
         writer = self._writer.writer if self._writer is not None else None
         if writer is not None:
-            channel: Any = getattr(writer, "channel", None)  # an SSH stream has no transport
-            abort = channel.abort if channel is not None else writer.transport.abort
-            self._thread.loop.call_soon_threadsafe(abort)
+            self._thread.loop.call_soon_threadsafe(_abort, writer)
 
     def reopen(self, timeout: float = 60.0) -> dict[str, Any]:
         """Resume the session after :meth:`close`: what arrived meanwhile is replayed."""
         self.closed = False
         self.lost = None
+        self.lost_error = None
         return self.connect(timeout)
 
     def close(self) -> None:
         """End the link; the agent keeps the session and its work."""
         self.closed = True
+        self.state = "detached"
 
         def _close() -> None:
             if self._reader_task is not None:
                 self._reader_task.cancel()
+            if self._heartbeat_task is not None:
+                self._heartbeat_task.cancel()
+                self._heartbeat_task = None
             if self._writer is not None:
                 self._writer.close()
+                self._writer = None
 
         self._thread.loop.call_soon_threadsafe(_close)

@@ -81,8 +81,11 @@ def _cluster_parser() -> argparse.ArgumentParser:
         sub.add_argument("--identity", help="private key file")
         sub.add_argument("--python", help="the head's Python (default: python3)")
         sub.add_argument("--known-hosts", help="known_hosts file, or `none` to skip the host key check")
+        sub.add_argument("--keepalive", type=float, help="seconds of silence before the link counts as lost")
+        sub.add_argument("--reconnect-for", type=float, help="seconds to keep reconnecting a lost link")
     connect.add_argument("--start-head", action="store_true", help="run `ray start --head` if no Ray runs there")
     connect.add_argument("--session", help="resume this session (its agent and running work)")
+    connect.add_argument("--ray-token-file", help="a file holding the Ray cluster's token (token authentication)")
     commands.add_parser("disconnect", help="detach; the agent and its work keep running")
     commands.add_parser("status", help="nodes, resources, cells and actors")
     commands.add_parser("down", help="stop what `local` or `up` started")
@@ -137,11 +140,23 @@ class ClusterMagics(Magics):
     def _connect(self, args: argparse.Namespace) -> None:
         from ._connect import connect, up
 
-        options = {"identity": args.identity, "python": args.python, "known_hosts": args.known_hosts}
-        if args.command == "up":
-            cluster = up(args.head, args.workers, **options)
-        else:
-            cluster = connect(args.target, start_head=args.start_head, session=args.session, **options)
+        options: dict[str, Any] = {"identity": args.identity, "python": args.python, "known_hosts": args.known_hosts}
+        for name in ("keepalive", "reconnect_for"):
+            if getattr(args, name) is not None:
+                options[name] = getattr(args, name)
+        try:
+            if args.command == "up":
+                cluster = up(args.head, args.workers, **options)
+            else:
+                cluster = connect(
+                    args.target,
+                    start_head=args.start_head,
+                    session=args.session,
+                    ray_token_file=args.ray_token_file,
+                    **options,
+                )
+        except ValueError as exc:
+            raise UsageError(f"%cluster {args.command}: {exc}") from None
         print(f"Attached to {cluster!r}, session {cluster.session}.")
         for note in (cluster.mismatch, cluster.ray_note):
             if note:
@@ -271,6 +286,8 @@ class ClusterMagics(Magics):
             for event, data in cell.events():
                 if event == "stream":
                     _write(data)
+                elif event == "link":
+                    print(_link_message(data), file=sys.stderr, flush=True)
                 elif event == "progress" and cell.mode == "map":
                     text = f"--map: {data['done']}/{data['total']} items done"
                     if progress is None:
@@ -278,6 +295,9 @@ class ClusterMagics(Magics):
                     else:
                         progress.update({"text/plain": text}, raw=True)
         except KeyboardInterrupt:
+            link = cell.cluster._link
+            if link.state != "connected":
+                self._interrupted_while_down(cell, ns)
             cell.cancel()
             print("Interrupted: cancelling the remote work…", file=sys.stderr)
             try:
@@ -289,6 +309,32 @@ class ClusterMagics(Magics):
             raise KeyboardInterrupt("the remote cell was cancelled") from None
         result = cell.result()
         return self._bind(result, ns)
+
+    @staticmethod
+    def _interrupted_while_down(cell: RemoteCell, ns: dict[str, Any]) -> None:
+        """Stop waiting at once: the link is down, so nothing can be asked of the agent now."""
+        cluster = cell.cluster
+        target, session = cluster._link.target, cluster.session
+        if cluster.on_interrupt == "keep":
+
+            def bind(done: RemoteCell) -> None:
+                if done.exception() is None:
+                    ns.update(done.result().outputs)
+
+            cell.add_done_callback(bind)
+            print(
+                f"Interrupted while the link to {target} is down: {cell.label} goes on running on the cluster; "
+                f"its outputs are bound when the link is back (jc.current().cells[{cell.cell_id!r}]).",
+                file=sys.stderr,
+            )
+            raise KeyboardInterrupt("stopped waiting; the remote cell goes on") from None
+        cell.cancel()
+        print(
+            f"Interrupted while the link to {target} is down: {cell.label} will be cancelled as soon as the link "
+            f"is back (session {session}).",
+            file=sys.stderr,
+        )
+        raise KeyboardInterrupt("the remote cell is cancelled when the link returns") from None
 
     @staticmethod
     def _bind(result: CellResult, ns: dict[str, Any]) -> Any:
@@ -311,6 +357,8 @@ class ClusterMagics(Magics):
                 area.state = f"{data['done']}/{data['total']} items done"
             elif event == "started":
                 area.state = f"running ({cell.where})"
+            elif event == "link":
+                area.state = _link_message(data) if data["state"] == "lost" else f"running ({cell.where})"
             elif cell.done():
                 area.state = self._finished(cell, ns)
             area.update()
@@ -332,6 +380,14 @@ class ClusterMagics(Magics):
                 ns[name] = value
         names = ", ".join(result.outputs) or "nothing"
         return f"done in {result.elapsed:.2f} s; bound {names}"
+
+
+def _link_message(data: dict[str, Any]) -> str:
+    """What a running cell says about its link: once when it drops, once when it is back."""
+    if data["state"] == "lost":
+        at = time.strftime("%H:%M:%S", time.localtime(data["at"]))
+        return f"[link to {data['target']} lost at {at} ({data['reason']}); reconnecting…]"
+    return f"[reconnected after {data['after']:.0f} s; no output lost]"
 
 
 def _unquote(text: str) -> str:

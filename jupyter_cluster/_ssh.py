@@ -41,12 +41,43 @@ class HeadError(ClusterConnectionError):
     """The head cannot run the agent as it is (no Ray, no such Python, no Ray running)."""
 
 
+class RayAuthError(HeadError):
+    """Ray on the head refused the agent: token authentication, and no right token."""
+
+
+_AUTH_SIGNS = ("InvalidAuthToken", "Unauthenticated", "no authentication token was found", "AuthenticationError")
+
+
+def _start_failure(host: str, address: str, error: str, log: str, token_given: str | None) -> HeadError:
+    """Why the agent could not join Ray on ``host``, said so that the user can act on it."""
+    if any(sign in error or sign in log for sign in _AUTH_SIGNS):
+        offered = (
+            "the token this notebook passed on was not the cluster's"
+            if token_given
+            else "no token, or not the cluster's, was found on the head (~/.ray/auth_token, RAY_AUTH_TOKEN)"
+        )
+        return RayAuthError(
+            f"Ray at {address} on {host} refused the agent: token authentication is on there and {offered}. "
+            "Give the cluster's token: `--ray-token-file FILE` (jc.connect(..., ray_token_file=FILE)) with a file "
+            "holding it (the head's ~/.ray/auth_token is where `ray start` keeps it; `ray get-auth-token` prints it), "
+            "or set RAY_AUTH_TOKEN in this kernel's environment."
+        )
+    lines = [line for line in log.strip().splitlines() if line.strip()][-5:]
+    detail = "\n".join(lines)
+    if "Could not find any running Ray" in error or "ConnectionError" in error:
+        return HeadError(
+            f"the agent on {host} could not join Ray at {address}: {error}. If no Ray is running there, start "
+            f"one (`ray start --head`) or connect with --start-head.\n{detail}"
+        )
+    return HeadError(f"the agent on {host} could not start: {error}.\n{detail}")
+
+
 @dataclass
 class SSHTarget:
     """Where and how to log in: ``[user@]host[:port]`` plus options.
 
-    >>> SSHTarget.parse("alice@head.example:2222")
-    SSHTarget(host='head.example', port=2222, user='alice', identity=None, known_hosts=None, python='python3')
+    >>> SSHTarget.parse("alice@head.example:2222").describe()
+    'alice@head.example:2222'
     """
 
     host: str
@@ -55,6 +86,8 @@ class SSHTarget:
     identity: str | None = None
     known_hosts: str | None = None  # a file, "none" (no check), or None (~/.ssh/known_hosts)
     python: str = "python3"
+    #: Seconds of silence after which the connection counts as dead (SSH keepalives).
+    keepalive: float = 15.0
 
     @classmethod
     def parse(cls, spec: str, **options: Any) -> SSHTarget:
@@ -76,8 +109,9 @@ class SSHTarget:
     def connect_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
             "connect_timeout": CONNECT_TIMEOUT,
-            "keepalive_interval": 15,
-            "keepalive_count_max": 4,
+            # asyncssh drops the connection after count_max + 1 unanswered intervals.
+            "keepalive_interval": self.keepalive / 3,
+            "keepalive_count_max": 2,
             "encryption_algs": _encryption_algs(),
         }
         if self.port:
@@ -132,26 +166,37 @@ async def open_ssh(target: SSHTarget) -> Any:
 
 
 PROBE = r"""
-import json, os, platform, sys, tempfile
+import json, os, platform, socket, sys, tempfile
 from importlib import metadata
 def version(name):
     try:
         return metadata.version(name)
     except Exception:
         return None
-import socket
-path = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
-address = open(path).read().strip() if os.path.exists(path) else None
-if address:  # the file outlives its cluster: believe it only if its GCS answers
+def answers(address):  # a GCS address is believed only if something listens there
     try:
         host, port = address.rsplit(":", 1)
         socket.create_connection((host, int(port)), 2).close()
-    except OSError:
-        address = None
+        return True
+    except (OSError, ValueError):
+        return False
+def raylet_gcs_addresses():  # what ray.init(address="auto") also looks at: this host's raylets
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").replace("\0", " ").split()
+        except OSError:
+            continue
+        if args and os.path.basename(args[0]) == "raylet":
+            found += [a.split("=", 1)[1] for a in args if a.startswith("--gcs-address=")]
+    return found
+path = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+latest = open(path).read().strip() if os.path.exists(path) else None
+candidates = [a for a in dict.fromkeys([latest] + raylet_gcs_addresses()) if a and answers(a)]
 print(json.dumps({
     "python": platform.python_version(), "executable": sys.executable, "home": os.path.expanduser("~"),
     "ray": version("ray"), "jupyter_cluster": version("jupyter_cluster"), "cloudpickle": version("cloudpickle"),
-    "ray_address": address,
+    "ray_address": candidates[0] if candidates else None, "ray_addresses": candidates,
 }))
 """
 
@@ -235,9 +280,21 @@ class RemoteHead:
         return {**json.loads(ready), "secret": secret.strip()}
 
     async def start_agent(
-        self, session: str, secret: str, *, address: str, lib: str | None, env: dict[str, str], idle_timeout: float
+        self,
+        session: str,
+        secret: str,
+        *,
+        address: str,
+        lib: str | None,
+        env: dict[str, str],
+        idle_timeout: float,
+        ray_token: str | None = None,
     ) -> dict[str, Any]:
-        """Start the agent as a daemon (it outlives this connection) and wait until it serves."""
+        """Start the agent as a daemon (it outlives this connection) and wait until it serves.
+
+        The secret, and the Ray token when the kernel has one, reach the agent on
+        stdin, into a 0600 file: never on a command line.
+        """
         folder = self.session_dir(session)
         q = shlex.quote
         env_words = " ".join(f"{k}={q(v)}" for k, v in {**env, **({"PYTHONPATH": lib} if lib else {})}.items())
@@ -250,7 +307,7 @@ class RemoteHead:
             f"--secret-file {q(folder + '/secret')} --address {q(address)} --idle-timeout {idle_timeout:g} "
             f"{'--ship ' + q(lib) if lib else ''} > agent.out 2>&1 < /dev/null & }} && echo $!"
         )
-        done = await self.run(command, stdin=secret)
+        done = await self.run(command, stdin=secret + (f"\n{ray_token}" if ray_token else ""))
         if done.exit_status != 0:
             raise HeadError(f"could not start the agent on {self.target.host}: {str(done.stderr).strip()}")
         pid = str(done.stdout).strip().splitlines()[-1]
@@ -264,12 +321,8 @@ class RemoteHead:
                 ready = json.loads(str(state.stdout))
                 if ready.get("ready"):
                     return {**ready, "secret": secret}
-                log = await self.run(f"tail -5 {q(folder + '/agent.out')}")
-                error = ready.get("error", "")
-                hint = ""
-                if "Could not find any running Ray" in error or "ConnectionError" in error:
-                    hint = " No Ray is running there: start one (`ray start --head`), or connect with --start-head."
-                raise HeadError(f"the agent on {self.target.host} could not start: {error}.{hint}\n{log.stdout}")
+                log = await self.run(f"tail -40 {q(folder + '/agent.out')}")
+                raise _start_failure(self.target.host, address, ready.get("error", ""), str(log.stdout), ray_token)
             await asyncio.sleep(0.3)
         log = await self.run(f"tail -20 {q(folder + '/agent.out')}")
         raise HeadError(f"the agent on {self.target.host} did not start in {AGENT_START_TIMEOUT:.0f} s:\n{log.stdout}")
@@ -297,12 +350,19 @@ class RemoteHead:
 
 
 class SSHTransport:
-    """The agent's socket on the head, through SSH; reconnects SSH when it drops."""
+    """The agent's socket on the head, through SSH; reconnects SSH when it drops.
+
+    A channel that cannot be opened while SSH itself works means the agent is gone
+    only if its process is: a socket that does not answer for a while (the agent
+    busy, a file system hiccup) is retried like any other outage.
+    """
 
     def __init__(self, target: SSHTarget, socket_path: str, conn: Any = None) -> None:
         self.target = target
         self.socket_path = socket_path
         self.conn = conn
+        #: The agent's process id on the head (from its welcome), to tell "gone" from "busy".
+        self.agent_pid: int | None = None
         self._gone: str | None = None
 
     async def connection(self) -> Any:
@@ -317,12 +377,43 @@ class SSHTransport:
         try:
             return await conn.open_unix_connection(self.socket_path)
         except asyncssh.ChannelOpenError as exc:
-            # SSH works but the socket does not: the agent is gone, not the link.
-            self._gone = f"the agent on {self.target.host} is gone ({exc.reason})"
-            raise ClusterConnectionError(self._gone) from None
+            if await self._agent_exited(conn):
+                self._gone = f"the agent on {self.target.host} is gone (its process exited; {exc.reason})"
+                raise ClusterConnectionError(self._gone) from None
+            raise ClusterConnectionError(
+                f"the agent's socket on {self.target.host} did not answer ({exc.reason})"
+            ) from None
+        except asyncssh.Error as exc:  # the connection died under us: start afresh next time
+            self.discard()
+            raise ClusterConnectionError(f"the SSH connection to {self.target.host} failed ({exc.reason})") from None
+
+    async def _agent_exited(self, conn: Any) -> bool:
+        """Whether the agent's process is known to be gone (False when unsure)."""
+        if self.agent_pid is None:
+            return False
+        try:
+            done = await asyncio.wait_for(conn.run(f"kill -0 {int(self.agent_pid)}", check=False), 15)
+        except Exception:
+            return False
+        return done.exit_status == 1 and "No such process" in str(done.stderr)
 
     def lost_reason(self) -> str | None:
         return self._gone
 
+    def discard(self) -> None:
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+
     def describe(self) -> str:
-        return f"ssh://{self.target.describe()}{self.socket_path}"
+        return self.target.describe()
+
+    def resume_hint(self, session: str) -> str:
+        words = ["%cluster connect", self.target.describe(), "--session", session]
+        if self.target.identity:
+            words += ["--identity", shlex.quote(self.target.identity)]
+        if self.target.known_hosts:
+            words += ["--known-hosts", shlex.quote(self.target.known_hosts)]
+        if self.target.python != "python3":
+            words += ["--python", shlex.quote(self.target.python)]
+        return " ".join(words)

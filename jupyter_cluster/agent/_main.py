@@ -40,7 +40,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _token_available() -> bool:
+    """Whether a Ray token is where Ray looks for one: ``RAY_AUTH_TOKEN``, the file
+    ``RAY_AUTH_TOKEN_PATH`` names, or ``~/.ray/auth_token``."""
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    try:
+        with open(path) as f:
+            return bool(f.read().strip())
+    except OSError:
+        return False
+
+
+def use_token_auth() -> None:
+    """Join a cluster the way ``ray.init(address="auto")`` does on its head.
+
+    Ray turns token authentication on for a driver only when it finds the local
+    cluster itself; with an explicit address (what the agent passes) it stays off and
+    a token-protected GCS refuses the driver. A token being at hand is what Ray's own
+    discovery goes by, so it is what the agent goes by too. Sending a token to a
+    cluster without authentication does no harm (measured on Ray 2.60).
+    """
+    if "RAY_AUTH_MODE" not in os.environ and _token_available():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def init_ray(args: argparse.Namespace) -> None:
+    if not args.local:
+        use_token_auth()
     import ray
 
     kwargs: dict[str, Any] = {"namespace": "jupyter_cluster", "log_to_driver": False, "configure_logging": False}
@@ -135,8 +163,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     secret = os.environ.pop("JUPYTER_CLUSTER_SECRET", "")
     if args.secret_file:
-        with open(args.secret_file) as f:
-            secret = f.read().strip()
+        secret = read_secret_file(args.secret_file)
     if not secret:
         raise SystemExit("no session secret (JUPYTER_CLUSTER_SECRET or --secret-file): refusing to serve")
     loop = asyncio.get_running_loop()
@@ -168,8 +195,23 @@ def announce(state: dict[str, Any], socket_path: str | None = None) -> None:
         os.replace(ready + ".tmp", ready)
 
 
+def read_secret_file(path: str) -> str:
+    """The session secret: the file's first line. A second line, when there, is the
+    Ray cluster's token, which the kernel passed on (``--ray-token-file`` or its own
+    ``RAY_AUTH_TOKEN``); it goes where Ray reads it, this process's environment."""
+    with open(path) as f:
+        secret, _, token = f.read().partition("\n")
+    if token.strip():
+        os.environ["RAY_AUTH_TOKEN"] = token.strip()
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    return secret.strip()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.secret_file:  # before Ray starts: the file may carry the cluster's token
+        os.environ["JUPYTER_CLUSTER_SECRET"] = read_secret_file(args.secret_file)
+        args.secret_file = None
     log_file = args.log or os.path.join(os.path.dirname(args.socket), "agent.log")
     os.makedirs(os.path.dirname(log_file), mode=0o700, exist_ok=True)
     logging.basicConfig(

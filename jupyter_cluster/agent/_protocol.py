@@ -166,9 +166,15 @@ class Frame:
         return b"".join(parts + [memoryview(b).cast("B") for b in self.buffers])
 
 
-async def read_frame(reader: asyncio.StreamReader) -> Frame:
-    """Read one frame; raise :class:`asyncio.IncompleteReadError` at end of stream."""
+async def read_frame(reader: asyncio.StreamReader, heard: Callable[[], None] | None = None) -> Frame:
+    """Read one frame; raise :class:`asyncio.IncompleteReadError` at end of stream.
+
+    ``heard`` is called as each part arrives, so a watchdog sees a large frame
+    arriving over a slow link as a live link, not a silent one.
+    """
     prefix = await reader.readexactly(_PREFIX.size)
+    if heard is not None:
+        heard()
     head_len, payload_len = _PREFIX.unpack(prefix)
     if head_len > MAX_HEADER:
         raise ProtocolError(f"frame header of {head_len} bytes: not a jupyter_cluster peer")
@@ -179,13 +185,16 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame:
         raise ProtocolError("frame header is not JSON: not a jupyter_cluster peer") from exc
     if not isinstance(header, dict):
         raise ProtocolError("frame header is not a JSON object")
-    payload = await reader.readexactly(payload_len) if payload_len else b""
+    if payload_len <= READ_CHUNK:
+        payload = await reader.readexactly(payload_len) if payload_len else b""
+    else:
+        payload = bytes(await _read_buffer(reader, payload_len, heard))
     sizes = header.pop("oob", ())
-    buffers = tuple([await _read_buffer(reader, int(n)) for n in sizes])
+    buffers = tuple([await _read_buffer(reader, int(n), heard) for n in sizes])
     return Frame(header, payload, buffers)
 
 
-async def _read_buffer(reader: asyncio.StreamReader, size: int) -> bytearray:
+async def _read_buffer(reader: asyncio.StreamReader, size: int, heard: Callable[[], None] | None = None) -> bytearray:
     """Read ``size`` bytes into a buffer of their own (writable: arrays built on it are too)."""
     buffer = bytearray(size)
     view = memoryview(buffer)
@@ -196,6 +205,8 @@ async def _read_buffer(reader: asyncio.StreamReader, size: int) -> bytearray:
             raise asyncio.IncompleteReadError(bytes(view[:got]), size)
         view[got : got + len(chunk)] = chunk
         got += len(chunk)
+        if heard is not None:
+            heard()
     return buffer
 
 

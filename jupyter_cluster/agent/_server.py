@@ -101,21 +101,52 @@ class AgentServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session: Session | None = None
+        watchdog: asyncio.Task[None] | None = None
+        heard = [time.monotonic()]
+
+        def hear() -> None:
+            heard[0] = time.monotonic()
+
         try:
             hello = await asyncio.wait_for(read_frame(reader), HELLO_TIMEOUT)
             session = self._handshake(hello, writer)
             if session is None:
                 return
+            out = session.writer
+            keepalive = float(hello.header.get("keepalive") or 0)
+            if keepalive > 0:
+                watchdog = asyncio.ensure_future(self._watch(writer, heard, keepalive))
             while True:
-                frame = await read_frame(reader)
-                self._on_frame(session, frame)
+                frame = await read_frame(reader, hear)
+                if frame.type == "ping" and out is not None:
+                    out.write(Frame({"type": "pong", "t": frame.header.get("t")}))
+                else:
+                    self._on_frame(session, frame)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, ProtocolError) as exc:
             log.info("connection closed: %r", exc)
+        except Exception:
+            log.exception("connection failed")
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             if session is not None and session.writer is not None and session.writer.writer is writer:
                 session.writer = None
                 session.detached_since = time.monotonic()
             writer.close()
+
+    @staticmethod
+    async def _watch(writer: asyncio.StreamWriter, heard: list[float], keepalive: float) -> None:
+        """Close a connection whose kernel has been silent for twice its keepalive: the
+        kernel pings every third of it, so the link is dead. The session keeps its
+        outbox, and the kernel's next connection gets what this one missed."""
+        limit = 2 * keepalive
+        while True:
+            await asyncio.sleep(keepalive / 2)
+            silent = time.monotonic() - heard[0]
+            if silent > limit:
+                log.warning("no word from the kernel for %.0f s; closing its connection", silent)
+                writer.transport.abort()
+                return
 
     def _handshake(self, hello: Frame, writer: asyncio.StreamWriter) -> Session | None:
         header = hello.header
