@@ -144,43 +144,38 @@ async def _bring_up(
     idle_timeout: float,
     started: StartedRay | None,
     ray_token: str | None = None,
+    address: str | None = None,
 ) -> tuple[Any, dict[str, Any], StartedRay | None]:
-    from . import __version__
-
+    """Log in, find or start the session's agent (one exec in the usual case), and
+    return the connection, the agent's state and the Ray this call started."""
     conn = await open_ssh(target)
     try:
         head = RemoteHead(target, conn)
-        info = await head.probe()
-        state = await head.agent_state(session) if session else None
-        if state is None:
-            address = started.address if started else info.get("ray_address")
-            if not address:
-                if not start_head:
-                    raise HeadError(
-                        f"no Ray is running on {target.host}: start it there (`ray start --head`), "
-                        "or connect with --start-head (or use `%cluster up`)."
-                    )
-                started = await _start_head(head, port)
-                address = started.address
-            if started is not None:
-                ray_token = started.token
-            lib = await head.ship_agent(__version__, force=ship == "always")
-            session = session or secrets.token_hex(4)
+        resume = session is not None
+        session = session or secrets.token_hex(4)
+        while True:
             env = {}
             if started is not None and _node_ip(target):  # the address we gave `ray start`
                 env["RAY_NODE_IP_ADDRESS"] = target.host
             state = await head.start_agent(
                 session,
-                secrets.token_hex(32),
-                address=address,
-                lib=lib,
+                resume=resume,
+                address=started.address if started else address,
+                ship=ship,
                 env=env,
                 idle_timeout=idle_timeout,
-                ray_token=ray_token,
+                ray_token=started.token if started else ray_token,
             )
-            state["shipped"] = lib
+            if state.get("need") != "ray":
+                break
+            if not start_head or started is not None:
+                raise HeadError(
+                    f"no Ray is running on {target.host}: start it there (`ray start --head`), "
+                    "or connect with --start-head (or use `%cluster up`)."
+                )
+            started = await _start_head(head, port)
         state["session"] = session
-        state["info"] = info
+        state["info"] = head.info
         return conn, state, started
     except BaseException:
         conn.close()
@@ -222,6 +217,7 @@ def connect(
     start_head: bool = False,
     session: str | None = None,
     port: int = 6379,
+    address: str | None = None,
     reconnect_for: float = 600.0,
     keepalive: float = DEFAULT_KEEPALIVE,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
@@ -240,6 +236,11 @@ def connect(
         The head's Python (``python3`` on its PATH by default).
     start_head
         Run ``ray start --head`` there if no Ray is running.
+    address
+        The Ray cluster's address (``host:port`` of its GCS) to join, for a head
+        that runs more than one; by default the one ``ray start`` last started there
+        or one this project started there (a cluster started by hand with another
+        ``--temp-dir`` needs its address here).
     session
         Resume this session (its agent and work), from this kernel or another.
     reconnect_for
@@ -285,6 +286,7 @@ def connect(
             idle_timeout=idle_timeout,
             started=_started,
             ray_token=token,
+            address=address,
         ),
         timeout=None,
     )

@@ -315,7 +315,8 @@ class AgentLink:
                     await asyncio.wait_for(self._connect(), CONNECT_ATTEMPT_TIMEOUT)
                 except Exception as exc:  # whatever the failure, the next attempt may work
                     self.last_error = _why(exc)
-                    self.transport.discard()
+                    if not getattr(exc, "carrier_ok", False):
+                        self.transport.discard()  # a half-dead SSH connection must not be reused
                     if time.monotonic() + delay > deadline:
                         self._give_up(self._lost_error())
                         return

@@ -85,6 +85,7 @@ def _cluster_parser() -> argparse.ArgumentParser:
         sub.add_argument("--reconnect-for", type=float, help="seconds to keep reconnecting a lost link")
     connect.add_argument("--start-head", action="store_true", help="run `ray start --head` if no Ray runs there")
     connect.add_argument("--session", help="resume this session (its agent and running work)")
+    connect.add_argument("--address", help="the Ray address (GCS host:port) to join, if the head runs several")
     connect.add_argument("--ray-token-file", help="a file holding the Ray cluster's token (token authentication)")
     commands.add_parser("disconnect", help="detach; the agent and its work keep running")
     commands.add_parser("status", help="nodes, resources, cells and actors")
@@ -153,6 +154,7 @@ class ClusterMagics(Magics):
                     start_head=args.start_head,
                     session=args.session,
                     ray_token_file=args.ray_token_file,
+                    address=args.address,
                     **options,
                 )
         except ValueError as exc:

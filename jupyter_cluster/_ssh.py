@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,40 +166,8 @@ async def open_ssh(target: SSHTarget) -> Any:
         ) from None
 
 
-PROBE = r"""
-import json, os, platform, socket, sys, tempfile
-from importlib import metadata
-def version(name):
-    try:
-        return metadata.version(name)
-    except Exception:
-        return None
-def answers(address):  # a GCS address is believed only if something listens there
-    try:
-        host, port = address.rsplit(":", 1)
-        socket.create_connection((host, int(port)), 2).close()
-        return True
-    except (OSError, ValueError):
-        return False
-def raylet_gcs_addresses():  # what ray.init(address="auto") also looks at: this host's raylets
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").replace("\0", " ").split()
-        except OSError:
-            continue
-        if args and os.path.basename(args[0]) == "raylet":
-            found += [a.split("=", 1)[1] for a in args if a.startswith("--gcs-address=")]
-    return found
-path = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
-latest = open(path).read().strip() if os.path.exists(path) else None
-candidates = [a for a in dict.fromkeys([latest] + raylet_gcs_addresses()) if a and answers(a)]
-print(json.dumps({
-    "python": platform.python_version(), "executable": sys.executable, "home": os.path.expanduser("~"),
-    "ray": version("ray"), "jupyter_cluster": version("jupyter_cluster"), "cloudpickle": version("cloudpickle"),
-    "ray_address": candidates[0] if candidates else None, "ray_addresses": candidates,
-}))
-"""
+#: Run on the head by ``python -c``: probes it and starts the agent in one exec.
+BOOT = (_AGENT_DIR / "_boot.py").read_text()
 
 
 def agent_fingerprint() -> str:
@@ -224,9 +193,13 @@ class RemoteHead:
     def python(self) -> str:
         return shlex.quote(self.target.python)
 
-    async def probe(self) -> dict[str, Any]:
-        """The head's Python, Ray, this package's version, and a running Ray's address."""
-        done = await self.run(f"{self.python} -c {shlex.quote(PROBE)}")
+    async def boot(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run the boot script on the head with ``request``; return its answer.
+
+        Raises :class:`HeadError` when the head has no such Python, or no Ray.
+        """
+        timeout = AGENT_START_TIMEOUT + 30
+        done = await self.run(f"{self.python} -c {shlex.quote(BOOT)}", stdin=json.dumps(request), timeout=timeout)
         if done.exit_status != 0:
             if done.exit_status == 127 or "No such file" in str(done.stderr):
                 raise HeadError(
@@ -234,29 +207,25 @@ class RemoteHead:
                     "pass --python with the path of one that has Ray."
                 )
             raise HeadError(f"the Python on {self.target.host} failed: {str(done.stderr).strip()[-500:]}")
-        self.info = json.loads(str(done.stdout).strip().splitlines()[-1])
+        answer: dict[str, Any] = json.loads(str(done.stdout).strip().splitlines()[-1])
+        self.info = answer["info"]
         if not self.info.get("ray"):
             raise HeadError(
                 f"the Python at {self.info['executable']} on {self.target.host} has no Ray: install it there "
                 "(`pip install 'ray[default]'`), or pass --python with one that has it."
             )
-        return self.info
+        return answer
+
+    async def probe(self) -> dict[str, Any]:
+        """The head's Python, Ray, this package's version, and a running Ray's address."""
+        return (await self.boot({"probe_only": True}))["info"]
 
     def session_dir(self, session: str) -> str:
         return f"{self.info['home']}/.jupyter_cluster/sessions/{session}"
 
-    async def ship_agent(self, version: str, force: bool = False) -> str | None:
-        """Copy the agent's modules to a per-version folder unless the head has them.
-
-        Returns the folder to put on ``PYTHONPATH``, or None when the installed
-        package will do.
-        """
-        if not force and self.info.get("jupyter_cluster") == version:
-            return None
-        lib = f"{self.info['home']}/.jupyter_cluster/lib/{version}-{agent_fingerprint()}"
+    async def ship_agent(self, lib: str, version: str) -> None:
+        """Copy the agent's modules into ``lib`` (a per-version folder) over SFTP."""
         marker = f"{lib}/jupyter_cluster/agent/.complete"
-        if (await self.run(f"test -f {shlex.quote(marker)}")).exit_status == 0:
-            return lib
         stub = f'"""The agent\'s modules, shipped to this head."""\n\n__version__ = "{version}"\n'
         async with self.conn.start_sftp_client() as sftp:
             await sftp.makedirs(f"{lib}/jupyter_cluster/agent", exist_ok=True)
@@ -265,67 +234,53 @@ class RemoteHead:
             await sftp.put([str(p) for p in sorted(_AGENT_DIR.glob("*.py"))], f"{lib}/jupyter_cluster/agent/")
             async with sftp.open(marker, "w") as f:
                 await f.write(agent_fingerprint())
-        return lib
-
-    async def agent_state(self, session: str) -> dict[str, Any] | None:
-        """The running agent of ``session`` (its ready.json and secret), or None."""
-        folder = shlex.quote(self.session_dir(session))
-        done = await self.run(
-            f'cd {folder} 2>/dev/null && kill -0 "$(sed -n \'s/.*"pid": *\\([0-9]*\\).*/\\1/p\' ready.json)" '
-            f"2>/dev/null && test -S agent.sock && cat ready.json && echo && cat secret"
-        )
-        if done.exit_status != 0:
-            return None
-        ready, secret = str(done.stdout).strip().split("\n", 1)
-        return {**json.loads(ready), "secret": secret.strip()}
 
     async def start_agent(
         self,
         session: str,
-        secret: str,
         *,
-        address: str,
-        lib: str | None,
+        resume: bool,
+        address: str | None,
+        ship: str,
         env: dict[str, str],
         idle_timeout: float,
         ray_token: str | None = None,
     ) -> dict[str, Any]:
-        """Start the agent as a daemon (it outlives this connection) and wait until it serves.
+        """The session's agent: found running (``resume``), or started as a daemon that
+        outlives this connection, in one exec (a second when the modules must be
+        shipped first). Returns its ready state with ``secret``, ``shipped`` and
+        ``resumed``; ``{"need": "ray"}`` when no Ray runs there to join.
 
         The secret, and the Ray token when the kernel has one, reach the agent on
         stdin, into a 0600 file: never on a command line.
         """
-        folder = self.session_dir(session)
-        q = shlex.quote
-        env_words = " ".join(f"{k}={q(v)}" for k, v in {**env, **({"PYTHONPATH": lib} if lib else {})}.items())
-        command = (
-            f"mkdir -p {q(folder)} && chmod 700 {q(folder)} && cd {q(folder)} && rm -f ready.json && "
-            f"(umask 077 && cat > secret) && "
-            # Only the agent goes to the background: a background list would read the
-            # secret from /dev/null.
-            f"{{ {env_words} setsid nohup {self.python} -m jupyter_cluster.agent --socket {q(folder + '/agent.sock')} "
-            f"--secret-file {q(folder + '/secret')} --address {q(address)} --idle-timeout {idle_timeout:g} "
-            f"{'--ship ' + q(lib) if lib else ''} > agent.out 2>&1 < /dev/null & }} && echo $!"
-        )
-        done = await self.run(command, stdin=secret + (f"\n{ray_token}" if ray_token else ""))
-        if done.exit_status != 0:
-            raise HeadError(f"could not start the agent on {self.target.host}: {str(done.stderr).strip()}")
-        pid = str(done.stdout).strip().splitlines()[-1]
-        deadline = asyncio.get_running_loop().time() + AGENT_START_TIMEOUT
-        while asyncio.get_running_loop().time() < deadline:
-            state = await self.run(f"cat {q(folder + '/ready.json')} 2>/dev/null || kill -0 {pid}")
-            if state.exit_status != 0:
-                log = await self.run(f"tail -20 {q(folder + '/agent.out')}")
-                raise HeadError(f"the agent on {self.target.host} exited as it started:\n{log.stdout}")
-            if str(state.stdout).strip():
-                ready = json.loads(str(state.stdout))
-                if ready.get("ready"):
-                    return {**ready, "secret": secret}
-                log = await self.run(f"tail -40 {q(folder + '/agent.out')}")
-                raise _start_failure(self.target.host, address, ready.get("error", ""), str(log.stdout), ray_token)
-            await asyncio.sleep(0.3)
-        log = await self.run(f"tail -20 {q(folder + '/agent.out')}")
-        raise HeadError(f"the agent on {self.target.host} did not start in {AGENT_START_TIMEOUT:.0f} s:\n{log.stdout}")
+        from . import __version__
+
+        request = {
+            "session": session,
+            "resume": resume,
+            "secret": secrets.token_hex(32),
+            "ray_token": ray_token,
+            "address": address,
+            "version": __version__,
+            "fingerprint": agent_fingerprint(),
+            "ship": ship,
+            "env": env,
+            "idle_timeout": idle_timeout,
+            "timeout": AGENT_START_TIMEOUT,
+        }
+        answer = await self.boot(request)
+        if answer.get("need") == "ship":
+            await self.ship_agent(answer["lib"], __version__)
+            answer = await self.boot(request)
+        if answer.get("need"):
+            return {"need": answer["need"]}
+        ready = answer["ready"]
+        if answer.get("resumed"):
+            return {**ready, "resumed": True, "shipped": None}
+        if not ready.get("ready"):
+            raise _start_failure(self.target.host, answer["address"], ready.get("error", ""), answer["log"], ray_token)
+        return {**ready, "secret": request["secret"], "resumed": False, "shipped": answer.get("lib")}
 
     def ray_cli(self, arguments: str) -> str:
         """A ``ray`` command run by the head's chosen Python (its PATH may lack ``ray``)."""
@@ -380,9 +335,9 @@ class SSHTransport:
             if await self._agent_exited(conn):
                 self._gone = f"the agent on {self.target.host} is gone (its process exited; {exc.reason})"
                 raise ClusterConnectionError(self._gone) from None
-            raise ClusterConnectionError(
-                f"the agent's socket on {self.target.host} did not answer ({exc.reason})"
-            ) from None
+            error = ClusterConnectionError(f"the agent's socket on {self.target.host} did not answer ({exc.reason})")
+            error.carrier_ok = True  # type: ignore[attr-defined]  # SSH works: keep the connection
+            raise error from None
         except asyncssh.Error as exc:  # the connection died under us: start afresh next time
             self.discard()
             raise ClusterConnectionError(f"the SSH connection to {self.target.host} failed ({exc.reason})") from None

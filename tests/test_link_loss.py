@@ -1,0 +1,213 @@
+"""Every way a link to a remote agent dies, mid-cell, each held down for 45 s or more.
+
+A link can end with a reset (RST), a clean close (FIN: sshd stopped), silence (a
+laptop asleep: nothing arrives, nothing closes), or with only the agent's channel
+closed while SSH stays up; and it can stay down longer than ``reconnect_for``. In
+each case every line the cell prints and its result must arrive exactly once, in
+order, and the notebook must be told what happened.
+
+One Ray head (``--start-head``, token authentication on) serves the module; each test
+attaches its own session through its own way of failing, with ``address=`` naming
+that head (other Ray clusters run on this machine during the tests).
+"""
+
+# Test parameters named after the imported fixtures redefine them, as pytest intends.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster._cluster import _detached
+from jupyter_cluster.agent._protocol import Frame, read_frame, write_frame
+
+from .sshd import CuttableLink, SSHKeys, SSHServer, free_port, link_cutter, ssh_keys, sshd_server  # noqa: F401
+
+pytestmark = pytest.mark.timeout(300)
+
+OUTAGE = 45.0
+LINES = 130  # a line every 0.5 s: the cell outlives the outage by about 15 s
+SOURCE = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = {LINES}"
+
+
+def _options(server: SSHServer, known_hosts: Path | None = None) -> dict[str, Any]:
+    return {"identity": str(server.identity), "known_hosts": str(known_hosts or server.known_hosts)}
+
+
+@pytest.fixture(scope="module")
+def head(sshd_server: SSHServer) -> Iterator[str]:
+    """Ray on the loopback head, started once; yields its address."""
+    previous = jc.current()
+    cluster = jc.connect(
+        f"root@{sshd_server.host}:{sshd_server.port}", start_head=True, port=free_port(), **_options(sshd_server)
+    )
+    try:
+        assert cluster.started is not None
+        yield cluster.started.address
+    finally:
+        cluster.down()
+        if previous is not None and previous.alive:
+            jc._cluster.attach(previous)
+
+
+def _attach(host: str, port: int, server: SSHServer, address: str, known_hosts: Path, **kw: Any) -> jc.Cluster:
+    return jc.connect(f"root@{host}:{port}", address=address, **_options(server, known_hosts), **kw)
+
+
+def _link_events(cell: Any) -> list[dict[str, Any]]:
+    return [data for event, data in cell._history if event == "link"]
+
+
+def _check_exactly_once(cell: Any) -> None:
+    result = cell.result(120)
+    assert result.outputs["n"] == LINES
+    assert cell.stdout.split() == [str(i) for i in range(LINES)], "a line was lost or repeated"
+    states = [e["state"] for e in _link_events(cell)]
+    assert states[:1] == ["lost"] and states[-1:] == ["reconnected"], states
+
+
+def _hold(seconds: float, cell: Any) -> None:
+    time.sleep(seconds)
+    assert not cell.done(), "the cell finished while its link was down"
+
+
+def test_a_reset_link_reconnects_and_loses_nothing(
+    link_cutter: CuttableLink, sshd_server: SSHServer, head: str
+) -> None:
+    assert link_cutter.known_hosts is not None
+    cluster = _attach(link_cutter.host, link_cutter.port, sshd_server, head, link_cutter.known_hosts)
+    try:
+        cell = cluster.run_cell(SOURCE)
+        time.sleep(3)
+        link_cutter.cut()  # RST both ways, and refuse new connections
+        _hold(OUTAGE, cell)
+        assert cluster.link["state"] == "reconnecting" and cluster.link["attempts"] >= 3
+        assert "reconnecting" in str(cluster.status())
+        link_cutter.restore()
+        _check_exactly_once(cell)
+        assert cluster.link["state"] == "connected"
+    finally:
+        cluster.down()
+
+
+def test_a_cleanly_closed_link_reconnects(ssh_keys: SSHKeys, tmp_path: Path, head: str) -> None:
+    """sshd stopped, its per-connection processes ended (FIN, not RST), started again 45 s later on the same port."""
+    server = SSHServer(ssh_keys, tmp_path / "sshd").start()
+    try:
+        cluster = _attach(server.host, server.port, server, head, server.known_hosts)
+        try:
+            cell = cluster.run_cell(SOURCE)
+            time.sleep(3)
+            server.stop_cleanly()
+            _hold(OUTAGE, cell)
+            reason = _link_events(cell)[0]["reason"]
+            assert "Reset" not in reason, f"expected a clean close, got {reason}"
+            server.start(port=server.port)
+            _check_exactly_once(cell)
+        finally:
+            cluster.down()
+    finally:
+        server.stop()
+
+
+def test_a_silent_link_is_noticed_and_reconnected(link_cutter: CuttableLink, sshd_server: SSHServer, head: str) -> None:
+    """Nothing closes and nothing arrives: the keepalive notices, and the link comes back when bytes flow again."""
+    assert link_cutter.known_hosts is not None
+    cluster = _attach(link_cutter.host, link_cutter.port, sshd_server, head, link_cutter.known_hosts, keepalive=10)
+    try:
+        cell = cluster.run_cell(SOURCE)
+        time.sleep(3)
+        link_cutter.freeze()
+        frozen = time.monotonic()
+        deadline = frozen + 25
+        while not _link_events(cell) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        noticed = time.monotonic() - frozen
+        assert _link_events(cell), "a silent link was not noticed within 25 s"
+        assert noticed <= 10 + 5, f"noticed after {noticed:.1f} s with keepalive=10"
+        _hold(OUTAGE - noticed, cell)
+        link_cutter.thaw()
+        _check_exactly_once(cell)
+    finally:
+        cluster.down()
+
+
+def test_the_agent_channel_closing_while_ssh_stays_up(sshd_server: SSHServer, head: str, tmp_path: Path) -> None:
+    """The agent ends the kernel's channel (another connection took the session) and its socket is away for 45 s;
+    SSH itself never drops."""
+    cluster = _attach(sshd_server.host, sshd_server.port, sshd_server, head, sshd_server.known_hosts)
+    socket_path = cluster._link.transport.socket_path  # type: ignore[attr-defined]
+    away = socket_path + ".away"
+    ssh_conn = cluster._link.transport.conn  # type: ignore[attr-defined]
+
+    async def take_the_session() -> asyncio.StreamWriter:
+        reader, writer = await asyncio.open_unix_connection(away)
+        hello = {"type": "hello", "secret": cluster._link.secret, "session": cluster.session, "last_seq": 0}
+        write_frame(writer, Frame(hello))
+        assert (await asyncio.wait_for(read_frame(reader), 10)).type == "welcome"
+        return writer
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        cell = cluster.run_cell(SOURCE)
+        time.sleep(3)
+        os.rename(socket_path, away)  # new channels find no socket: "Connect failed"
+        thief = asyncio.run_coroutine_threadsafe(take_the_session(), loop).result(20)
+        _hold(OUTAGE, cell)
+        assert cluster.link["state"] == "reconnecting"
+        os.rename(away, socket_path)
+        _check_exactly_once(cell)
+        assert cluster._link.transport.conn is ssh_conn, "SSH was reconnected, though it never dropped"  # type: ignore[attr-defined]
+        loop.call_soon_threadsafe(thief.close)
+    finally:
+        if os.path.exists(away):
+            os.rename(away, socket_path)
+        loop.call_soon_threadsafe(loop.stop)
+        cluster.down()
+
+
+def test_an_outage_longer_than_reconnect_for(
+    link_cutter: CuttableLink, sshd_server: SSHServer, head: str, shell: Any
+) -> None:
+    """The cell ends with an error naming the session, the namespace is intact, and resuming binds the result."""
+    assert link_cutter.known_hosts is not None
+    previous = jc.current()
+    target = f"root@{link_cutter.host}:{link_cutter.port}"
+    options = f"--identity {sshd_server.identity} --known-hosts {link_cutter.known_hosts}"
+    shell.run_cell(f"%cluster connect {target} --address {head} --reconnect-for 25 {options}")
+    cluster = jc.current()
+    assert cluster is not None and cluster.kind.startswith("ssh")
+    session = cluster.session
+    try:
+        shell.user_ns["kept"] = "before"
+        threading.Timer(3, link_cutter.cut).start()
+        started = time.monotonic()
+        outcome = shell.run_cell("%%remote\n" + SOURCE.replace(str(LINES), "40"))
+        waited = time.monotonic() - started
+        error = outcome.error_in_exec
+        assert isinstance(error, jc.LinkLostError), repr(error)
+        assert 25 <= waited < 60, f"gave up after {waited:.0f} s with reconnect_for=25"
+        assert session in str(error) and f"--session {session}" in str(error)
+        assert shell.user_ns["kept"] == "before" and "n" not in shell.user_ns
+        assert jc.current() is None and _detached.get(session) is cluster
+        time.sleep(max(0.0, OUTAGE - (time.monotonic() - started - 3)))
+        link_cutter.restore()
+        shell.run_cell(f"%cluster connect {target} --session {session} {options}")
+        assert jc.current() is cluster
+        assert shell.user_ns.get("n") == 40, "what finished while the link was down was not bound on resume"
+        assert shell.run_cell("%%remote\nm = n + 1").success and shell.user_ns["m"] == 41
+    finally:
+        link_cutter.restore()
+        cluster.down()
+        if previous is not None and previous.alive:
+            jc._cluster.attach(previous)
