@@ -67,13 +67,13 @@ def _node_ip(target: SSHTarget) -> str:
 
 async def _head_token(head: RemoteHead) -> str:
     """The token Ray's own tools on the head use, ``~/.ray/auth_token``; made there
-    (mode 0600, as ``ray start`` would) when the head has none. Keeping it there lets
-    the user's other notebooks, ``ray status`` and ``ray job submit`` reach the
-    cluster we start."""
+    when the head has none, and readable by its owner only (Ray 2.60 itself leaves it
+    0644). Keeping it there lets the user's other notebooks, ``ray status`` and
+    ``ray job submit`` reach the cluster we start."""
     path = shlex.quote(f"{head.info['home']}/.ray/auth_token")
     done = await head.run(
         f"umask 077 && mkdir -p {shlex.quote(head.info['home'] + '/.ray')} && "
-        f"{{ [ -s {path} ] || cat > {path}; }} && cat {path}",
+        f"{{ [ -s {path} ] || cat > {path}; }} && chmod 600 {path} && cat {path}",
         stdin=secrets.token_hex(32),
     )
     token = str(done.stdout).strip()

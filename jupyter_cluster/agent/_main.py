@@ -53,22 +53,46 @@ def _token_available() -> bool:
         return False
 
 
-def use_token_auth() -> None:
-    """Join a cluster the way ``ray.init(address="auto")`` does on its head.
+def cluster_auth_mode(address: str) -> str | None:
+    """The authentication mode of the GCS serving ``address`` on this host, read from
+    its process's environment (``ray start`` puts ``RAY_AUTH_MODE`` there, also when it
+    turned token authentication on by itself); None when no such process can be read."""
+    port = f"--gcs_server_port={address.rsplit(':', 1)[-1]}"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+            if not args or os.path.basename(args[0]) != "gcs_server" or port not in args:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
+        except OSError:
+            continue
+        return env.get("RAY_AUTH_MODE", "disabled").lower()
+    return None
+
+
+def use_token_auth(address: str) -> None:
+    """Join a cluster in the authentication mode it runs with.
 
     Ray turns token authentication on for a driver only when it finds the local
     cluster itself; with an explicit address (what the agent passes) it stays off and
-    a token-protected GCS refuses the driver. A token being at hand is what Ray's own
-    discovery goes by, so it is what the agent goes by too. Sending a token to a
-    cluster without authentication does no harm (measured on Ray 2.60).
+    a token-protected GCS refuses the driver. The reverse is no better: a driver in
+    token mode on a cluster without authentication runs tasks, but its workers
+    cannot look up named actors (measured on Ray 2.60). So the agent asks the GCS
+    process on this head; where it cannot (another user's Ray, a GCS elsewhere), a
+    token at hand decides, as in Ray's own discovery.
     """
-    if "RAY_AUTH_MODE" not in os.environ and _token_available():
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    mode = cluster_auth_mode(address)
+    if mode == "token" or (mode is None and _token_available()):
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def init_ray(args: argparse.Namespace) -> None:
     if not args.local:
-        use_token_auth()
+        use_token_auth(args.address)
     import ray
 
     kwargs: dict[str, Any] = {"namespace": "jupyter_cluster", "log_to_driver": False, "configure_logging": False}
@@ -203,7 +227,6 @@ def read_secret_file(path: str) -> str:
         secret, _, token = f.read().partition("\n")
     if token.strip():
         os.environ["RAY_AUTH_TOKEN"] = token.strip()
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
     return secret.strip()
 
 
