@@ -189,7 +189,10 @@ class ClusterMagics(Magics):
     def _attached() -> _cluster.Cluster:
         cluster = _cluster.current()
         if cluster is None:
-            raise UsageError("no cluster is attached: run `%cluster local` first")
+            resumable = [c._link.transport.resume_hint(s) for s, c in _cluster._detached.items()]
+            hints = "".join(f"\n  `{hint}`" for hint in resumable if hint)
+            extra = f"; or resume a detached session:{hints}" if hints else ""
+            raise UsageError(f"no cluster is attached: run `%cluster local` first{extra}")
         return cluster
 
     @magic_arguments()

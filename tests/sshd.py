@@ -206,7 +206,17 @@ class SSHKeys:
 
 
 def _sshd_config(keys: SSHKeys, directory: Path, listen: str, port: int) -> Path:
-    """Write an sshd config for one server into ``directory``; return its path."""
+    """Write an sshd config for one server into ``directory``; return its path.
+
+    Sessions see the test run's own interpreter first on PATH, so ``python3`` over SSH is the one running the tests
+    (a virtualenv's, with Ray) rather than the system's. ``SHLVL=1`` keeps bash, the login shell, from sourcing
+    ``~/.bashrc`` for commands run by sshd (bash does that only at shell level 1), so a ``~/.bashrc`` that puts
+    something else first on PATH (pyenv shims, conda) cannot undo it.
+    """
+    import sys
+
+    # This interpreter's folder (not resolved: a venv's bin/python3 is a symlink), then sshd's own PATH for root.
+    path = f"{os.path.dirname(sys.executable)}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     lines = [
         f"ListenAddress {listen}",
         f"Port {port}",
@@ -227,6 +237,7 @@ def _sshd_config(keys: SSHKeys, directory: Path, listen: str, port: int) -> Path
         "MaxSessions 50",
         "MaxStartups 50",
         "LogLevel VERBOSE",
+        f'SetEnv "PATH={path}" SHLVL=1',
     ]
     sftp = Path("/usr/lib/openssh/sftp-server")
     if sftp.exists():
@@ -333,8 +344,16 @@ class SSHServer(SSHEndpoint):
         super().__init__(host, 0, "root", keys.user_key, directory / "known_hosts", keys.host_key_pub)
         self._keys = keys
 
-    def start(self) -> SSHServer:
-        """Start sshd and wait until it answers; a port lost to a race is retried with another."""
+    def start(self, port: int | None = None) -> SSHServer:
+        """Start sshd and wait until it answers; a port lost to a race is retried with another.
+
+        With ``port``, start on that port (to bring a stopped server back where clients knew it).
+        """
+        if port is not None:
+            self.port = port
+            config = _sshd_config(self._keys, self.dir, self.host, self.port)
+            self.proc = _start_sshd([SSHD, "-D", "-e", "-f", str(config)], self.log, self.host, self.port)
+            return self
         for attempt in range(3):
             self.port = free_port(self.host)
             config = _sshd_config(self._keys, self.dir, self.host, self.port)
@@ -352,6 +371,21 @@ class SSHServer(SSHEndpoint):
         if self.proc is not None:
             _stop_process(self.proc)
             self.proc = None
+
+    def stop_cleanly(self, timeout: float = 5.0) -> None:
+        """Stop sshd as an administrator would: SIGTERM to the listener and to each per-connection process, which
+        close their sockets, so clients see a clean close (FIN), not a reset."""
+        if self.proc is None:
+            return
+        family = [self.proc.pid, *_descendants(self.proc.pid)]
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in family[1:]):
+            time.sleep(0.05)
+        _stop_process(self.proc, timeout)  # reaps the listener; kills whatever ignored SIGTERM
+        self.proc = None
 
     def __enter__(self) -> SSHServer:
         return self.start() if self.proc is None else self
@@ -394,6 +428,8 @@ class CuttableLink:
         self._conns: set[tuple[asyncio.StreamWriter, ...]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop = asyncio.new_event_loop()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="CuttableLink", daemon=True)
         self._thread.start()
         try:
@@ -421,6 +457,15 @@ class CuttableLink:
     def restore(self) -> None:
         """Listen again, on the same port as before (a fresh free port the first time)."""
         self._call(self._listen())
+
+    def freeze(self) -> None:
+        """Go silent: stop forwarding bytes either way, closing nothing (a laptop asleep, a Wi-Fi gone). New
+        connections are accepted and go silent too."""
+        self._loop.call_soon_threadsafe(self._flowing.clear)
+
+    def thaw(self) -> None:
+        """Forward bytes again (what was held is delivered; peers that gave up meanwhile see it fail)."""
+        self._loop.call_soon_threadsafe(self._flowing.set)
 
     def close(self) -> None:
         """Cut the link and stop its thread."""
@@ -497,10 +542,10 @@ class CuttableLink:
                     writer.close()
             self._tasks.discard(task)
 
-    @staticmethod
-    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
+                await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
             if writer.can_write_eof():

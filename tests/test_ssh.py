@@ -48,9 +48,9 @@ def remote(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
     cluster = jc.connect(
         _target(sshd_server), start_head=True, port=free_port(), ship="always", **_options(sshd_server)
     )
-    assert cluster.started is not None, "--start-head records what it started"
-    marker = "|".join(f"({p})" for p in cluster.started.patterns)
     try:
+        assert cluster.started is not None, "--start-head records what it started (was another Ray running?)"
+        marker = "|".join(f"({p})" for p in cluster.started.patterns)
         assert _ray_processes(marker)
         yield cluster
     finally:
