@@ -317,10 +317,11 @@ class AgentLink:
                     self.last_error = _why(exc)
                     if not getattr(exc, "carrier_ok", False):
                         self.transport.discard()  # a half-dead SSH connection must not be reused
-                    if time.monotonic() + delay > deadline:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
                         self._give_up(self._lost_error())
                         return
-                    await asyncio.sleep(delay)
+                    await asyncio.sleep(min(delay, left))  # the last attempt comes at the deadline
                     delay = min(delay * 2, MAX_BACKOFF)
                 else:
                     if self._writer is None:

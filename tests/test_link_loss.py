@@ -6,7 +6,7 @@ closed while SSH stays up; and it can stay down longer than ``reconnect_for``. I
 each case every line the cell prints and its result must arrive exactly once, in
 order, and the notebook must be told what happened.
 
-One Ray head (``--start-head``, token authentication on) serves the module; each test
+One Ray head (``up``, token authentication on) serves the module; each test
 attaches its own session through its own way of failing, with ``address=`` naming
 that head (other Ray clusters run on this machine during the tests).
 """
@@ -47,9 +47,8 @@ def _options(server: SSHServer, known_hosts: Path | None = None) -> dict[str, An
 def head(sshd_server: SSHServer) -> Iterator[str]:
     """Ray on the loopback head, started once; yields its address."""
     previous = jc.current()
-    cluster = jc.connect(
-        f"root@{sshd_server.host}:{sshd_server.port}", start_head=True, port=free_port(), **_options(sshd_server)
-    )
+    # `up` always starts a Ray of its own (`--start-head` would join one already running here).
+    cluster = jc.up(f"root@{sshd_server.host}:{sshd_server.port}", port=free_port(), **_options(sshd_server))
     try:
         assert cluster.started is not None
         yield cluster.started.address

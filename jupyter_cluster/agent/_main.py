@@ -97,7 +97,9 @@ def init_ray(args: argparse.Namespace) -> None:
 
     kwargs: dict[str, Any] = {"namespace": "jupyter_cluster", "log_to_driver": False, "configure_logging": False}
     if args.local:
-        kwargs.update(num_cpus=args.num_cpus, num_gpus=args.num_gpus, include_dashboard=False)
+        # "local": a Ray of our own even where `ray start` left one running (plain
+        # ray.init() would join that one, and refuse the CPU count).
+        kwargs.update(address="local", num_cpus=args.num_cpus, num_gpus=args.num_gpus, include_dashboard=False)
         if args.object_store_memory:
             kwargs["object_store_memory"] = args.object_store_memory
     else:
