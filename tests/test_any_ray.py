@@ -21,6 +21,8 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster._connect import StartedRay, _stop_started
+from jupyter_cluster._link import AgentLink, UnixTransport
+from jupyter_cluster._local import EmbeddedAgent
 from jupyter_cluster._ssh import RayAuthError, SSHTarget
 
 from .sshd import SSHServer, free_port, sshd_server  # noqa: F401
@@ -89,6 +91,20 @@ def test_a_head_started_by_hand_with_token_auth(hand_started: Any, sshd_server: 
     assert _joined(cluster) == address
 
 
+def test_the_embedded_cluster_starts_its_own_ray_beside_a_running_one(hand_started: Any) -> None:
+    """A `ray start`ed cluster on the laptop must not capture `%cluster local` (plain ray.init() would join it)."""
+    address = hand_started({})
+    agent = EmbeddedAgent(cpus=1)
+    link = AgentLink(UnixTransport(agent.socket, agent.exit_reason), agent.secret)
+    link.connect()
+    cluster = jc.Cluster(link, kind="embedded local", agent=agent)  # not attached: the session's stays current
+    try:
+        mine = cluster.run_cell("a = ray.get_runtime_context().gcs_address", mode="driver").result(60).outputs["a"]
+        assert mine != address
+    finally:
+        cluster.down()
+
+
 def test_a_head_with_authentication_disabled(hand_started: Any, sshd_server: SSHServer) -> None:
     address = hand_started({"RAY_AUTH_MODE": "disabled"}, temp_dir=f"/tmp/jc-hand-{secrets.token_hex(3)}")
     cluster = jc.connect(_target(sshd_server), address=address, **_options(sshd_server))
@@ -150,18 +166,16 @@ def test_the_token_of_a_started_head_is_where_rays_tools_look(sshd_server: SSHSe
             timeout=120,
         )
         assert status.returncode == 0 and "Resources" in status.stdout, status.stderr[-1500:]
+        started = cluster.started
+        script = (
+            "import jupyter_cluster as jc\n"
+            f"c = jc.connect({_target(sshd_server)!r}, address={started.address!r}, "
+            f"identity={str(sshd_server.identity)!r}, known_hosts={str(sshd_server.known_hosts)!r})\n"
+            "print('VALUE', c.run_cell('v = 6 * 7').result(60).outputs['v'])\n"
+            "c.down()\n"
+        )
         second = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import jupyter_cluster as jc; c = jc.connect(%r, address=%r, identity=%r, known_hosts=%r); "
-                "print('VALUE', c.run_cell('v = 6 * 7').result(60).outputs['v']); c.down()"
-                % (_target(sshd_server), cluster.started.address, str(sshd_server.identity), str(sshd_server.known_hosts)),
-            ],
-            capture_output=True,
-            text=True,
-            env=environ,
-            timeout=180,
+            [sys.executable, "-c", script], capture_output=True, text=True, env=environ, timeout=180
         )
         assert "VALUE 42" in second.stdout, second.stderr[-2000:]
     finally:

@@ -16,6 +16,7 @@ that head (other Ray clusters run on this machine during the tests).
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import os
 import threading
@@ -205,6 +206,46 @@ def test_an_outage_longer_than_reconnect_for(
         assert jc.current() is cluster
         assert shell.user_ns.get("n") == 40, "what finished while the link was down was not bound on resume"
         assert shell.run_cell("%%remote\nm = n + 1").success and shell.user_ns["m"] == 41
+    finally:
+        link_cutter.restore()
+        cluster.down()
+        if previous is not None and previous.alive:
+            jc._cluster.attach(previous)
+
+
+@pytest.mark.parametrize("on_interrupt", ["cancel", "keep"])
+def test_interrupting_while_the_link_is_down(
+    link_cutter: CuttableLink, sshd_server: SSHServer, head: str, shell: Any, on_interrupt: str
+) -> None:
+    """The wait ends at once with a message; the cell is cancelled when the link returns, or ("keep") goes on and
+    its outputs are bound then."""
+    assert link_cutter.known_hosts is not None
+    previous = jc.current()
+    cluster = _attach(
+        link_cutter.host, link_cutter.port, sshd_server, head, link_cutter.known_hosts, on_interrupt=on_interrupt
+    )
+    try:
+        threading.Timer(2, link_cutter.cut).start()
+        threading.Timer(6, _thread.interrupt_main).start()
+        started = time.monotonic()
+        outcome = shell.run_cell("%%remote\nimport time\nfor i in range(30):\n    time.sleep(0.5)\ndone = 'yes'")
+        waited = time.monotonic() - started
+        assert isinstance(outcome.error_in_exec, KeyboardInterrupt)
+        assert waited < 8, f"the interrupted wait took {waited:.1f} s"
+        (cell,) = [c for c in list(cluster.cells.values()) if "done = 'yes'" in c.spec.source]
+        assert not cell.done()
+        time.sleep(5)
+        link_cutter.restore()
+        if on_interrupt == "cancel":
+            assert isinstance(cell.exception(60), KeyboardInterrupt), (
+                "the cell was not cancelled when the link came back"
+            )
+            assert time.monotonic() - started < 25, "cancelled only when it would have finished anyway"
+            assert "done" not in shell.user_ns
+        else:
+            assert cell.result(60).outputs["done"] == "yes"
+            assert shell.user_ns.get("done") == "yes"
+        assert not cluster.status().data["cells"], "a cell is still running on the cluster"  # type: ignore[index]
     finally:
         link_cutter.restore()
         cluster.down()
