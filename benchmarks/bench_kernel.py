@@ -20,8 +20,9 @@ import time
 from typing import Any
 
 SETUP_RAW = """
-import os, ray
+import os
 os.environ.setdefault("RAY_AUTH_MODE", "token")  # the embedded cluster keeps Ray's token authentication on
+import ray
 ray.init(address=_jc_address, log_to_driver=False, namespace="bench-raw")
 
 @ray.remote

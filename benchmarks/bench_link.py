@@ -58,6 +58,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -224,10 +225,26 @@ def phases(sink: dict[str, float]) -> Iterator[None]:
             setattr(owner, name, original)
 
 
+def session_folder(cluster: Any) -> Path:
+    """The session's folder on the head (this machine)."""
+    return Path(cluster.head["home"]) / ".jupyter_cluster" / "sessions" / cluster.session
+
+
 def agent_start(cluster: Any) -> float:
-    """The agent's own start, from the session folder on the head (this machine)."""
-    folder = Path(cluster.head["home"]) / ".jupyter_cluster" / "sessions" / cluster.session
+    """The agent's own start: ``secret`` is written just before it is launched, ``ready.json`` once it serves."""
+    folder = session_folder(cluster)
     return (folder / "ready.json").stat().st_mtime - (folder / "secret").stat().st_mtime
+
+
+def down(cluster: Any, keep_ray: bool = False) -> None:
+    """Stop the cluster's agent (and, unless ``keep_ray``, the Ray it started); remove its session folder."""
+    if keep_ray:
+        cluster.stoppers.clear()  # a connect given ``_started`` would stop the head's Ray
+        cluster.started = None
+    try:
+        cluster.down()
+    finally:
+        shutil.rmtree(session_folder(cluster), ignore_errors=True)
 
 
 def connect_once(target: str, opts: dict[str, Any], started: Any) -> dict[str, float]:
@@ -244,9 +261,7 @@ def connect_once(target: str, opts: dict[str, Any], started: Any) -> dict[str, f
         assert cluster._link.call("ping", {"data": 1}) == 1
         sink.update(total=total, agent=agent_start(cluster))
     finally:
-        cluster.stoppers.clear()  # with _started it would stop the head's Ray: only the agent goes
-        cluster.started = None
-        cluster.down()
+        down(cluster, keep_ray=True)
     return sink
 
 
@@ -374,9 +389,7 @@ def direct(server: SSHServer, started: Any, rounds: int, warmup: int) -> dict[st
             out[key] = [measures[key]() for _ in range(rounds)]
         return out
     finally:
-        cluster.stoppers.clear()
-        cluster.started = None
-        cluster.down()
+        down(cluster, keep_ray=True)
 
 
 # --------------------------------------------------------------------------- report
@@ -490,7 +503,7 @@ def main() -> None:
         proxy = stack.enter_context(DelayProxy(server.port, delay, nagle=args.nagle))
         known_hosts = keys.write_known_hosts(tmp / "known_hosts", [(proxy.host, proxy.port)])
         target = f"{server.user}@{proxy.host}:{proxy.port}"
-        opts = {"identity": str(server.identity), "known_hosts": str(known_hosts)}
+        opts: dict[str, Any] = {"identity": str(server.identity), "known_hosts": str(known_hosts)}
         print(f"sshd at {server.host}:{server.port}, through {proxy!r}: round trip {rtt * 1e3:g} ms", file=sys.stderr)
 
         if running_rays():
@@ -507,11 +520,11 @@ def main() -> None:
         cluster = jc.connect(target, **opts, start_head=True, port=free_port())
         start_head = time.perf_counter() - t
 
-        def down() -> None:
-            proxy.delay = 0.0  # tear down at loopback speed
-            cluster.down()
+        def teardown() -> None:
+            proxy.delay = 0.0  # at loopback speed
+            down(cluster)
 
-        stack.callback(down)
+        stack.callback(teardown)
         started = cluster.started
         assert started is not None
         token_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": started.token}
@@ -585,7 +598,17 @@ def main() -> None:
                 which = "d" if i % 2 == 0 else "u"
                 client_proxy.delay = delay if which == "d" else 0.0
                 argv = ["-c", CLIENT, address, str(args.rounds), str(args.warmup)]
-                for key, values in run_json(argv, env=token_env).items():
+                for attempt in range(3):  # Ray Client's server side flakes now and then
+                    try:
+                        out = run_json(argv, env=token_env)
+                        break
+                    except RuntimeError as exc:
+                        error = str(exc).strip().splitlines()[-1]
+                        print(f"Ray Client run failed (attempt {attempt + 1}): {error}", file=sys.stderr)
+                else:
+                    note(f"A Ray Client run failed three times; its figures are left out (last: {error}).")
+                    continue
+                for key, values in out.items():
                     for value in values:
                         add(client, key, which, value)
 
@@ -611,9 +634,9 @@ def main() -> None:
         f"Straight to sshd (no proxy): task cell {task * 1e3:.1f} ms, 1 MiB array cell {array * 1e3:.1f} ms "
         "(the @0 column's excess over these is the proxy's own work, in this process)."
     )
-    for note in notes:
+    for text in notes:
         print()
-        print(note)
+        print(text)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Starts a real ``sshd`` on loopback (the test suite's helper, generated keys) behind a
 proxy that can go silent (nothing forwarded, nothing closed: a laptop asleep) or be cut
-(reset, and new connections refused); attaches with ``--start-head``; runs a cell that
+(reset, and new connections refused); brings Ray up there (``up``); runs a cell that
 prints a line a second for ``outage + 60`` seconds; takes the link away 10 s in, for
 ``--outage`` seconds; then checks that every line and the result arrived exactly once,
 in order, and reports how the link fared. Not run by CI (it takes ``outage + 2`` min).
@@ -41,11 +41,10 @@ def main() -> int:
     source = f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n    time.sleep(1)\nn = {lines}"
     cluster = None
     try:
-        cluster = jc.connect(
+        cluster = jc.up(  # a Ray of its own, even if another runs on this machine
             f"root@{link.host}:{link.port}",
             identity=str(server.identity),
             known_hosts=str(known),
-            start_head=True,
             port=free_port(),
             reconnect_for=args.outage + 120,
         )

@@ -143,8 +143,10 @@ class RemoteCell:
                 if self._future.done() and self._events.empty():
                     return
                 continue
-            yield event
             if event[0] == "finished":
+                return
+            yield event
+            if self._future.done() and event[0] in ("done", "error", "lost"):
                 return
 
     def __repr__(self) -> str:
@@ -169,7 +171,8 @@ class RemoteCell:
         elif event in ("error", "lost"):
             error = data if isinstance(data, BaseException) else RequestError(data.get("message", "failed"), data)
             self._fail(error)
-        self._events.put((event, data))
+        if event != "started":  # nothing to show: don't wake a waiting notebook for it
+            self._events.put((event, data))
         with self._lock:
             self._history.append((event, data))
             for listener in self._listeners:
