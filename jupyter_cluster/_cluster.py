@@ -12,19 +12,18 @@ import itertools
 import linecache
 import platform
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from ._analysis import analyse_cell
 from ._cell import RemoteCell
 from ._errors import AgentLostError, InputError
-from ._handles import ObjectHandle, format_size, parse_size
+from ._handles import ObjectHandle, parse_size
 from ._inputs import InputLedger, pickle_value
 from ._link import AgentLink, UnixTransport
 from ._local import EmbeddedAgent
+from ._status import ClusterStatus
 from .agent._execute import CellSpec, cell_filename
 
 #: Outputs larger than this stay on the cluster behind a handle.
@@ -54,66 +53,6 @@ def python_mismatch(kernel: str, head: str) -> str | None:
         f"Python {minor}, or connect with --python naming a Python "
         f"{'.'.join(kernel.split('.')[:2])} on the head that has Ray."
     )
-
-
-@dataclass
-class ClusterStatus:
-    """A snapshot of the cluster, as ``%cluster status`` shows it."""
-
-    data: dict[str, Any] | None
-    kind: str
-    dashboard: str | None = None
-    link: dict[str, Any] = field(default_factory=dict)
-
-    def _link_line(self) -> str:
-        link = self.link
-        state = link.get("state", "connected")
-        if state == "reconnecting":
-            since = time.strftime("%H:%M:%S", time.localtime(link["since"]))
-            return (
-                f"  link: reconnecting to {link['target']} since {since} "
-                f"({time.time() - link['since']:.0f} s, {link['attempts']} attempt(s); last: {link['last_error']})"
-            )
-        if state == "lost":
-            return f"  link: lost ({link.get('error')})"
-        rtt = f", round trip {link['rtt'] * 1000:.1f} ms" if link.get("rtt") is not None else ""
-        return f"  link: {state} to {link.get('target', '?')}, session {link.get('session', '?')}{rtt}"
-
-    def __str__(self) -> str:
-        data = self.data
-        if data is None:
-            return "\n".join(
-                [f"{self.kind} cluster", self._link_line(), "  (nodes, cells and actors show once the link is back)"]
-            )
-        lines = [f"{self.kind} Ray {data['ray']} cluster, {len(data['nodes'])} node(s)"]
-        if self.link:
-            lines.append(self._link_line())
-        if self.dashboard:
-            lines.append(f"  Ray dashboard: {self.dashboard}")
-        for node in data["nodes"]:
-            res = node["resources"]
-            head = " (head)" if node["head"] else ""
-            store = format_size(res.get("object_store_memory", 0))
-            lines.append(
-                f"  {node['address']}{head}: {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU, "
-                f"memory {format_size(res.get('memory', 0))}, object store {store}"
-            )
-        avail = data["available"]
-        lines.append(f"  available: {avail.get('CPU', 0):g} CPU, {avail.get('GPU', 0):g} GPU")
-        lines.append(f"  objects held for this notebook: {data['objects']}")
-        cells = data["cells"]
-        lines.append(f"  running cells: {len(cells)}")
-        for cell in cells:
-            progress = f" {cell['done']}/{cell['total']}" if cell["mode"] == "map" else ""
-            lines.append(f"    {cell['cell_id']} ({cell['mode']}{progress}, {cell['elapsed']:.1f} s)")
-        lines.append(f"  actors: {len(data['actors'])}")
-        for name, actor in data["actors"].items():
-            detail = actor.get("error") or f"on {actor.get('node')}, names: {', '.join(actor.get('names', [])) or '-'}"
-            lines.append(f"    {name}: {detail}")
-        return "\n".join(lines)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
 
 
 class Cluster:

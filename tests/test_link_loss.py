@@ -135,6 +135,8 @@ def test_a_silent_link_is_noticed_and_reconnected(link_cutter: CuttableLink, ssh
         assert _link_events(cell), "a silent link was not noticed within 25 s"
         assert noticed <= 10 + 5, f"noticed after {noticed:.1f} s with keepalive=10"
         _hold(OUTAGE - noticed, cell)
+        agent_log = Path.home() / ".jupyter_cluster" / "sessions" / cluster.session / "agent.log"
+        assert "no word from the kernel" in agent_log.read_text(), "the agent did not notice the silent kernel"
         link_cutter.thaw()
         _check_exactly_once(cell)
     finally:
