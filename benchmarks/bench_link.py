@@ -12,7 +12,7 @@ server that ``ray start --head`` runs at 10001 through a second proxy with the s
   agent's own start is measured on the head from two files the connect writes: the session's
   ``secret`` is written just before the agent is launched and ``ready.json`` when it serves, so
   ``mtime(ready.json) - mtime(secret)`` is the agent's start (Python, Ray import, ``ray.init``).
-  Round trips = ``((connect - agent start) delayed - (connect - agent start) undelayed) / rtt``:
+  Round trips = ``(median(connect - agent start) delayed - the same undelayed) / rtt``:
   what the protocol costs beyond the agent's start, CPU time cancelling out. The connect is
   also timed step by step (while it connects, the benchmark wraps ``open_ssh``,
   ``RemoteHead.boot``, ``ship_agent`` and the link's handshake, and counts remote commands;
@@ -46,7 +46,7 @@ an answer that leaves sshd in two pieces can wait a round trip for the first one
 ``--nagle`` models that for what sshd sends (a lower bound: the receiver's delayed ACK adds more);
 Ray Client's gRPC sets ``TCP_NODELAY`` on both ends.
 
-Run: ``python benchmarks/bench_link.py [--rounds 15] [--delay 0.025] [--connects 3] [--nagle]``
+Run: ``python benchmarks/bench_link.py [--rounds 15] [--delay 0.025] [--connects 5] [--nagle]``
 (root, ``openssh-server``, Ray with the client extra, no other Ray running on the machine: the
 head's connect would join it). Every sample goes to stderr as JSON.
 """
@@ -417,11 +417,12 @@ DIFF_ROWS = {"connect", "drop", "reset", "disconnect", "elsewhere"}
 
 
 def report(ours: dict[str, dict[str, list[float]]], client: dict[str, dict[str, list[float]]], rtt: float) -> None:
-    def cell(d: list[float] | None, u: list[float] | None, key: str, agent: float = 0.0) -> tuple[str, str, str]:
+    def cell(d: list[float] | None, u: list[float] | None, key: str, rt: float | None = None) -> tuple[str, str, str]:
         md, mu = med(d), med(u)
         if md is None:
             return "", "", ""
-        rt = (md - (mu or 0.0) - agent) / rtt if key in DIFF_ROWS else md / rtt
+        if rt is None:
+            rt = (md - (mu or 0.0)) / rtt if key in DIFF_ROWS else md / rtt
         return f"{md * 1e3:.0f}", f"{rt:.1f}", "" if mu is None else f"{mu * 1e3:.1f}"
 
     def ratio(c: list[float] | None, o: list[float] | None) -> str:
@@ -437,30 +438,30 @@ def report(ours: dict[str, dict[str, list[float]]], client: dict[str, dict[str, 
     for key, label, other in ROWS:
         o = ours.get(key, {})
         c = client.get(key, {})
-        agent = 0.0
-        if key == "connect" and o.get("agent_d"):
-            # The agent's own start (median, delayed minus undelayed) is not the protocol's.
-            agent = (med(o["agent_d"]) or 0.0) - (med(o.get("agent_u")) or 0.0)
-        ms, rt, ms0 = cell(o.get("d"), o.get("u"), key, agent)
+        rt = None
+        if key == "connect" and o.get("protocol_d") and o.get("protocol_u"):
+            # The agent's own start is not the protocol's: compare the connects less it.
+            rt = ((med(o["protocol_d"]) or 0.0) - (med(o["protocol_u"]) or 0.0)) / rtt
+        ms, rt_text, ms0 = cell(o.get("d"), o.get("u"), key, rt)
         cms, crt, cms0 = cell(c.get("d"), c.get("u"), key)
         times = ratio(c.get("d"), o.get("d"))
-        print(f"{label:34s} {ms:>8s} {rt:>5s} {ms0:>7s}   {cms:>13s} {crt:>5s} {cms0:>7s}  {times:>7s}")
+        print(f"{label:34s} {ms:>8s} {rt_text:>5s} {ms0:>7s}   {cms:>13s} {crt:>5s} {cms0:>7s}  {times:>7s}")
         if other:
             print(f"{'  Ray Client: ' + other:34s}")
 
 
 def report_phases(samples: dict[str, dict[str, list[float]]], rtt: float) -> None:
     keys = [k for k in samples if k not in ("total", "agent", "commands")]
-    print(f"{'connect, step by step':24s} {'delayed ms':>10s} {'undelayed ms':>12s} {'RT':>6s}")
+    print(f"{'connect, step by step':34s} {'delayed ms':>10s} {'undelayed ms':>12s} {'RT':>6s}")
     for key in ["total", "agent", *keys]:
         d, u = med(samples[key].get("d")), med(samples[key].get("u"))
         if d is None or u is None:
             continue
         label = "agent's own start" if key == "agent" else key
-        print(f"{label:24s} {d * 1e3:>10.0f} {u * 1e3:>12.0f} {(d - u) / rtt:>6.1f}")
+        print(f"{label:34s} {d * 1e3:>10.0f} {u * 1e3:>12.0f} {(d - u) / rtt:>6.1f}")
     d, u = med(samples.get("commands", {}).get("d")), med(samples.get("commands", {}).get("u"))
     if d is not None and u is not None:
-        print(f"{'remote commands (count)':24s} {d:>10.0f} {u:>12.0f}")
+        print(f"{'remote commands (count)':34s} {d:>10.0f} {u:>12.0f}")
 
 
 # --------------------------------------------------------------------------- main
@@ -470,7 +471,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per cell measure (medians)")
     parser.add_argument("--delay", type=float, default=0.025, help="seconds each way (the round trip is twice)")
-    parser.add_argument("--connects", type=int, default=3, help="connects (and Ray Client runs) per delay")
+    parser.add_argument("--connects", type=int, default=5, help="connects (and Ray Client runs) per delay")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
         "--nagle",
@@ -547,7 +548,10 @@ def main() -> None:
             proxy.delay = delay if which == "d" else 0.0
             sample = connect_once(target, opts, attach_with)
             add(ours, "connect", which, sample["total"])
-            add(ours, "connect", "agent_" + which, sample["agent"])
+            # The protocol's part: the connect less the agent's own start, sample by sample.
+            add(ours, "connect", "protocol_" + which, sample["total"] - sample["agent"])
+            if "boot exec" in sample:
+                sample["boot exec less the agent's start"] = sample["boot exec"] - sample["agent"]
             for key, value in sample.items():
                 add(steps, key, which, value)
             print(f"connect ({which}): {json.dumps(sample)}", file=sys.stderr)
@@ -626,7 +630,7 @@ def main() -> None:
     print()
     report(ours, client, rtt)
     print()
-    agent = med(ours["connect"].get("agent_d"))
+    agent = med(steps.get("agent", {}).get("d")) or 0.0
     print(f"connect --start-head (runs `ray start`): {start_head:.1f} s; agent's own start: {agent:.2f} s")
     report_phases(steps, rtt)
     task, array = med(calibration["task"]) or 0.0, med(calibration["array"]) or 0.0
