@@ -10,9 +10,12 @@ arrives at ``t + delay`` even while an earlier one is still on its way), rather 
 (the proxy reads as fast as loopback delivers) and TCP's own handshake, which the proxy answers
 at once (a real link adds one round trip per new TCP connection, the same for every client).
 
-With ``nagle=True`` it also models a target that leaves Nagle's algorithm on (OpenSSH's sshd
-does for sessions without a terminal: it never sets ``TCP_NODELAY`` there), which a proxy that
-acknowledges everything at once on loopback would otherwise hide: see :attr:`DelayProxy.nagle`.
+With ``nagle=True`` it also models a target that leaves Nagle's algorithm on, which a proxy
+that acknowledges everything at once on loopback would otherwise hide: OpenSSH's sshd sets
+``TCP_NODELAY`` on a connection only once it runs a command there (a session's exec), so a
+connection used for nothing but port or socket forwarding keeps Nagle on for good. Each new
+connection starts with Nagle modelled; :meth:`DelayProxy.nodelay` ends it for the connections
+open now (call it once the target is known to have set ``TCP_NODELAY`` on them).
 
 ``delay`` may be changed at any time (it applies to chunks read afterwards); :meth:`reset`
 aborts every proxied connection (both sides see a reset, as after a network failure) and keeps
@@ -70,12 +73,12 @@ class DelayProxy:
         self.delay = delay
         #: Connections accepted so far.
         self.accepted = 0
-        #: Model the target's Nagle algorithm (a target that does not set ``TCP_NODELAY``, as
-        #: sshd for a session with no terminal): a chunk smaller than an Internet MSS that the
-        #: target writes while an earlier one is unacknowledged leaves only when that one's ACK
-        #: would be back, a round trip after it left (the receiver assumed to ACK at once: a
-        #: lower bound). Without it the proxy acknowledges at once, on loopback, which hides this.
+        #: Model the target's Nagle algorithm on new connections (until :meth:`nodelay`): a chunk
+        #: smaller than an Internet MSS that the target writes while an earlier one is
+        #: unacknowledged leaves only when that one's ACK would be back, a round trip after it
+        #: left (the receiver assumed to ACK at once: a lower bound of the real wait).
         self.nagle = nagle
+        self._nagle: dict[tuple[asyncio.StreamWriter, ...], list[bool]] = {}
         #: Set to a list to record ``(time.monotonic(), "up" | "down", bytes)`` for every chunk
         #: read (up: client to target); None records nothing.
         self.trace: list[tuple[float, str, int]] | None = None
@@ -95,6 +98,15 @@ class DelayProxy:
     def rtt(self) -> float:
         """The round trip the proxy adds, in seconds."""
         return 2 * self.delay
+
+    def nodelay(self) -> None:
+        """The target has set ``TCP_NODELAY`` on the connections open now: stop modelling Nagle there."""
+
+        def clear() -> None:
+            for flag in self._nagle.values():
+                flag[0] = False
+
+        self._loop.call_soon_threadsafe(clear)
 
     def reset(self) -> None:
         """Abort every proxied connection (both sides); new connections are still accepted."""
@@ -165,12 +177,15 @@ class DelayProxy:
             self._conns.discard(pair)
             pair = (client_w, up_w)
             self._conns.add(pair)
+            nagle = self._nagle[pair] = [self.nagle]
             await asyncio.gather(
-                self._pipe(client_r, client_w, up_w, pair, "up"), self._pipe(up_r, up_w, client_w, pair, "down")
+                self._pipe(client_r, client_w, up_w, pair, "up", [False]),
+                self._pipe(up_r, up_w, client_w, pair, "down", nagle),
             )
         except asyncio.CancelledError:
             pass
         finally:
+            self._nagle.pop(pair, None)
             if pair in self._conns:  # ended by the peers, not by reset(): close politely
                 self._conns.discard(pair)
                 for writer in pair:
@@ -184,6 +199,7 @@ class DelayProxy:
         writer: asyncio.StreamWriter,
         pair: tuple[asyncio.StreamWriter, ...],
         direction: str,
+        nagle: list[bool],
     ) -> None:
         """One direction: read as it comes (from ``reader``, ``source``'s stream), deliver each
         chunk (and the end) to ``writer`` ``delay`` after it was read."""
@@ -210,14 +226,13 @@ class DelayProxy:
                     return
 
         sender = asyncio.ensure_future(deliver())
-        nagle = self.nagle and direction == "down"
         sent_at = ack_at = float("-inf")  # the target's last transmission, and when its ACK is back
         try:
             while True:
                 data = await reader.read(CHUNK)
                 now = loop.time()
                 _quickack(sock)
-                if nagle:
+                if nagle[0]:
                     if now < sent_at:  # joins data already held back
                         now = sent_at
                     elif now < ack_at and len(data) < MSS:  # a small segment with data unacknowledged

@@ -25,7 +25,8 @@ server that ``ray start --head`` runs at 10001 through a second proxy with the s
   (a fresh Python running ``jc.connect(..., session=...)``, timed inside it: a new SSH
   connection, one exec that finds the session's agent, the handshake; then whether the new
   kernel's first request is answered). Round trips = ``(delayed - undelayed) / rtt``.
-- **cells and calls**, ``--rounds`` each after a warm-up, delayed then undelayed: a task cell
+- **cells and calls** (before the resumes, on the connection ``jc.connect`` opened),
+  ``--rounds`` each after a warm-up, delayed then undelayed: a task cell
   ``z = 1``, the same in actor ``bench`` and in the driver, ``cluster.put(1)`` and
   ``cluster.get(handle)``, and a task cell ``y = x.sum()`` reading a fresh 1 MiB numpy array
   (new content each round, so it is sent); against Ray Client's ``ray.get(f.remote())``,
@@ -40,11 +41,16 @@ server that ``ray start --head`` runs at 10001 through a second proxy with the s
 
 The proxy terminates TCP, so opening a TCP connection costs nothing here; on a real link each
 new TCP connection adds one round trip (to the SSH connect and reconnect, and to Ray Client's
-connect alike). It also acknowledges at once on loopback, which hides Nagle's algorithm: sshd
-leaves it on for these sessions (it sets ``TCP_NODELAY`` only for terminals), so on a real link
-an answer that leaves sshd in two pieces can wait a round trip for the first one's ACK.
-``--nagle`` models that for what sshd sends (a lower bound: the receiver's delayed ACK adds more);
-Ray Client's gRPC sets ``TCP_NODELAY`` on both ends.
+connect alike). It also acknowledges at once, on loopback, which hides Nagle's algorithm. sshd
+sets ``TCP_NODELAY`` on a connection only when it runs a command there: ``jc.connect``'s boot
+exec does, but a connection the link opens after a drop carries only the socket forward, so
+sshd keeps Nagle on for it, and on a real link an answer that leaves sshd in two pieces (or just
+after a window adjust) waits a round trip for the earlier piece's ACK. ``--nagle`` models that
+(:attr:`DelayProxy.nagle`, a lower bound: the receiver's delayed ACK adds more) on every new
+connection until the benchmark's own ``jc.connect`` returns, and for good on those the link
+reopens (the resume rows, and three more rows measured after the resets); the resume from
+another process is modelled with Nagle throughout, which overstates it a little. Ray Client's
+gRPC sets ``TCP_NODELAY`` on both ends.
 
 Run: ``python benchmarks/bench_link.py [--rounds 15] [--delay 0.025] [--connects 5] [--nagle]``
 (root, ``openssh-server``, Ray with the client extra, no other Ray running on the machine: the
@@ -247,7 +253,7 @@ def down(cluster: Any, keep_ray: bool = False) -> None:
         shutil.rmtree(session_folder(cluster), ignore_errors=True)
 
 
-def connect_once(target: str, opts: dict[str, Any], started: Any) -> dict[str, float]:
+def connect_once(target: str, opts: dict[str, Any], started: Any, proxy: DelayProxy) -> dict[str, float]:
     """One ``jc.connect`` to the running head (a new session and agent): total, agent start, phases."""
     import jupyter_cluster as jc
 
@@ -257,6 +263,7 @@ def connect_once(target: str, opts: dict[str, Any], started: Any) -> dict[str, f
         t = time.perf_counter()
         cluster = jc.connect(target, **opts, **extra)
         total = time.perf_counter() - t
+    proxy.nodelay()  # its boot exec made sshd set TCP_NODELAY on the connection
     try:
         assert cluster._link.call("ping", {"data": 1}) == 1
         sink.update(total=total, agent=agent_start(cluster))
@@ -411,6 +418,9 @@ ROWS = [
     ("put", "cluster.put(1)", "ray.put(1)"),
     ("get", "cluster.get(handle)", "ray.get(ref)"),
     ("array", "task cell, 1 MiB array input", "task with 1 MiB array arg"),
+    ("task after reset", "task cell, after a reset (Nagle)", ""),
+    ("get after reset", "cluster.get, after a reset (Nagle)", ""),
+    ("array after reset", "1 MiB cell, after a reset (Nagle)", ""),
 ]
 #: Rows whose round trips are (delayed - undelayed) / rtt; the others are time / rtt.
 DIFF_ROWS = {"connect", "drop", "reset", "disconnect", "elsewhere"}
@@ -436,6 +446,8 @@ def report(ours: dict[str, dict[str, list[float]]], client: dict[str, dict[str, 
     print(head)
     print("-" * len(head))
     for key, label, other in ROWS:
+        if key not in ours and key not in client:
+            continue
         o = ours.get(key, {})
         c = client.get(key, {})
         rt = None
@@ -520,6 +532,7 @@ def main() -> None:
         t = time.perf_counter()
         cluster = jc.connect(target, **opts, start_head=True, port=free_port())
         start_head = time.perf_counter() - t
+        proxy.nodelay()  # the connect's boot exec made sshd set TCP_NODELAY on the connection
 
         def teardown() -> None:
             proxy.delay = 0.0  # at loopback speed
@@ -534,7 +547,7 @@ def main() -> None:
         # -- connect. First as a user would, with no help: does it find the running Ray?
         proxy.delay = 0.0
         try:
-            connect_once(target, opts, None)
+            connect_once(target, opts, None, proxy)
             attach_with: Any = None
         except Exception as exc:
             note(
@@ -546,7 +559,7 @@ def main() -> None:
         for i in range(2 * args.connects):
             which = "d" if i % 2 == 0 else "u"
             proxy.delay = delay if which == "d" else 0.0
-            sample = connect_once(target, opts, attach_with)
+            sample = connect_once(target, opts, attach_with, proxy)
             add(ours, "connect", which, sample["total"])
             # The protocol's part: the connect less the agent's own start, sample by sample.
             add(ours, "connect", "protocol_" + which, sample["total"] - sample["agent"])
@@ -555,6 +568,16 @@ def main() -> None:
             for key, value in sample.items():
                 add(steps, key, which, value)
             print(f"connect ({which}): {json.dumps(sample)}", file=sys.stderr)
+
+        # -- cells and calls, on the connection jc.connect opened
+        for key, once in cell_measures(cluster).items():
+            for which, d in (("d", delay), ("u", 0.0)):
+                proxy.delay = d
+                settle(cluster)
+                for _ in range(args.warmup):
+                    once()
+                for _ in range(args.rounds):
+                    add(ours, key, which, once())
 
         # -- resume
         for key, measure in (
@@ -581,15 +604,18 @@ def main() -> None:
                 "`<session>-1`, which the agent has seen from the first kernel and drops as a re-sent request."
             )
 
-        # -- cells and calls
-        for key, once in cell_measures(cluster).items():
-            for which, d in (("d", delay), ("u", 0.0)):
-                proxy.delay = d
-                settle(cluster)
-                for _ in range(args.warmup):
-                    once()
-                for _ in range(args.rounds):
-                    add(ours, key, which, once())
+        if args.nagle:
+            # The link's connection is now one it opened after a reset, with no exec on it: sshd
+            # left Nagle on there. The same calls again.
+            measures = cell_measures(cluster)
+            for key in ("task", "get", "array"):
+                for which, d in (("d", delay), ("u", 0.0)):
+                    proxy.delay = d
+                    settle(cluster)
+                    for _ in range(args.warmup):
+                        measures[key]()
+                    for _ in range(args.rounds):
+                        add(ours, key + " after reset", which, measures[key]())
 
         calibration = direct(server, attach_with, args.rounds, args.warmup)
         if max(ATTEMPTS, default=1) > 1:

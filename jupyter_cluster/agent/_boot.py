@@ -49,11 +49,13 @@ def answers(address: str) -> bool:
 def cluster_files() -> list[str]:
     """Where ``ray start`` recorded the clusters it started: Ray's default temp folder,
     then the folders of clusters this project started (``--start-head``, ``up``),
-    newest first. A cluster started by hand with another ``--temp-dir`` is not found:
-    name it with ``--address``."""
+    newest first (the user's own only). A cluster started by hand with another
+    ``--temp-dir`` is not found: name it with ``--address``."""
     temp = tempfile.gettempdir()
     ours = [os.path.join(temp, d, "ray_current_cluster") for d in os.listdir(temp) if d.startswith("jc-")]
-    ours = sorted((p for p in ours if os.path.exists(p)), key=os.path.getmtime, reverse=True)
+    # Another user's cluster on a shared head is not ours to join.
+    ours = [p for p in ours if os.path.exists(p) and os.stat(p).st_uid == os.getuid()]
+    ours.sort(key=os.path.getmtime, reverse=True)
     return [os.path.join(temp, "ray", "ray_current_cluster"), *ours]
 
 
