@@ -35,7 +35,6 @@ server that ``ray start --head`` runs at 10001 through a second proxy with the s
   ``jupyter_cluster``; as ``bench_ssh.py`` does, Ray Client runs in a fresh Python with Ray's
   token in its environment). Round trips = median time / rtt (the undelayed column shows the
   part that is not the network).
-
 - **calibration**: the task and 1 MiB cells through a session straight to sshd, no proxy (the
   proxy runs in this process, so its own work shows in the undelayed column).
 

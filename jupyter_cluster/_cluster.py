@@ -215,7 +215,7 @@ class Cluster:
             outputs = ()
         else:
             outputs = tuple(n for n in analysis.outputs if n != map_name)
-        cell_id = f"{self._link.session}-c{next(self._counter)}"
+        cell_id = f"{self._link.session}-{self._link.tag}c{next(self._counter)}"
         spec = CellSpec(
             cell_id=cell_id,
             source=source,

@@ -193,6 +193,9 @@ class AgentLink:
         self.on_give_up: Callable[[BaseException], None] | None = None
         #: Final events of requests this link did not send (an earlier kernel's).
         self.orphans: list[tuple[str, Any]] = []
+        #: Tells this link's request ids (and its cells') from those of an earlier kernel
+        #: of the same session: the agent runs each id once.
+        self.tag = uuid.uuid4().hex[:4]
         self._ids = itertools.count(1)
         self._writer: FrameWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -430,7 +433,7 @@ class AgentLink:
         """Send a request (from any thread); its future resolves with the final event."""
         if self.closed:
             raise self.lost_error or AgentLostError(self.lost or "the session is closed")
-        request_id = f"{self.session}-{next(self._ids)}"
+        request_id = f"{self.session}-{self.tag}-{next(self._ids)}"
         payload, buffers = dumps(body) if body else (b"", [])
         frame = Frame({"type": "request", "id": request_id, "op": op}, payload, buffers)
         pending = PendingRequest(request_id, op, frame, on_event)

@@ -13,6 +13,7 @@ is opened on the head.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -319,11 +320,21 @@ class SSHTransport:
         #: The agent's process id on the head (from its welcome), to tell "gone" from "busy".
         self.agent_pid: int | None = None
         self._gone: str | None = None
+        self._nodelay: asyncio.Future[None] | None = None
 
     async def connection(self) -> Any:
         if self.conn is None or self.conn.is_closed():
             self.conn = await open_ssh(self.target)
+            # OpenSSH's sshd turns Nagle's algorithm off for a connection only once a
+            # command runs on it; without that, an answer sshd relays in two reads can
+            # wait a round trip. A no-op command does it, beside the socket's channel.
+            self._nodelay = asyncio.ensure_future(self._run_quietly(self.conn, "true"))
         return self.conn
+
+    @staticmethod
+    async def _run_quietly(conn: Any, command: str) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.run(command, check=False), 30)
 
     async def open(self) -> tuple[Any, Any]:
         import asyncssh

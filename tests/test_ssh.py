@@ -153,11 +153,14 @@ def test_a_new_kernel_resumes_the_session(remote: jc.Cluster, sshd_server: SSHSe
         ip.run_line_magic("cluster", "connect {_target(sshd_server)} --session {remote.session} "
                           "--identity {sshd_server.identity} --known-hosts {sshd_server.known_hosts}")
         print("RESULT", ip.user_ns.get("later"))
+        ip.run_cell("%%remote\\nafter = later + '!'")  # the session works on: new requests are not taken for old ones
+        print("AFTER", ip.user_ns.get("after"))
         ip.run_line_magic("cluster", "disconnect")
     """)
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert "RESULT kept" in done.stdout, done.stdout + done.stderr
+    assert "AFTER kept!" in done.stdout, done.stdout + done.stderr
     assert "finished while detached" in done.stdout
     jc.connect(_target(sshd_server), session=remote.session, **_options(sshd_server))
 

@@ -217,12 +217,23 @@ def write_frame(writer: asyncio.StreamWriter, frame: Frame) -> None:
         writer.write(memoryview(buffer).cast("B"))
 
 
+#: Payloads up to this size are written in one piece with their header.
+SMALL_PAYLOAD = 1 << 16
+
+
 def _write_start(writer: asyncio.StreamWriter, frame: Frame) -> None:
-    """Everything of ``frame`` but its out-of-band buffers."""
+    """Everything of ``frame`` but its out-of-band buffers.
+
+    A small frame goes out in one write: in two, the second part can wait a round trip
+    for the first one's acknowledgement where a relay (sshd) leaves Nagle's algorithm on.
+    """
     head = frame._head()
-    writer.write(_PREFIX.pack(len(head), len(frame.payload)) + head)
-    if frame.payload:
+    start = _PREFIX.pack(len(head), len(frame.payload)) + head
+    if len(frame.payload) <= SMALL_PAYLOAD:
+        writer.write(start + frame.payload)
+    else:
         # Large payloads are written as their own buffer: no copy into the prefix.
+        writer.write(start)
         writer.write(frame.payload)
 
 

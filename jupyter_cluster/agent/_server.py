@@ -48,6 +48,9 @@ class Session:
     outbox: SessionOutbox = field(default_factory=SessionOutbox)
     writer: FrameWriter | None = None
     requests: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    #: Requests answered, by the sequence number of their final event: once the kernel
+    #: has acknowledged that, it cannot send the request again, and the id is forgotten.
+    answered: dict[str, int] = field(default_factory=dict)
     detached_since: float = field(default_factory=time.monotonic)
 
     def send(self, header: dict[str, Any], payload: bytes = b"", buffers: Buffers = ()) -> None:
@@ -59,6 +62,8 @@ class Session:
         def emit(event: str, data: Any = None, final: bool = False) -> None:
             payload, buffers = (b"", []) if data is None else dumps(data)
             self.send({"type": "event", "req": request_id, "event": event, "final": final}, payload, buffers)
+            if final:
+                self.answered[request_id] = self.outbox.last_seq
 
         return emit
 
@@ -184,6 +189,10 @@ class AgentServer:
     def _on_frame(self, session: Session, frame: Frame) -> None:
         if frame.type == "ack":
             session.outbox.ack(int(frame.header["seq"]))
+            for request_id, seq in list(session.answered.items()):
+                if seq <= session.outbox.acked:
+                    del session.answered[request_id]
+                    session.requests.pop(request_id, None)
         elif frame.type == "request":
             request_id = str(frame.header["id"])
             if request_id in session.requests:
