@@ -69,9 +69,7 @@ echo "::: the python3 kernel, into $("$PYTHON" -c 'import sys; print(sys.prefix)
 
 # ---------------------------------------------------------------- tests
 
-printf '::: python -m pytest -x -q'
-printf ' %q' "$@"
-echo
+echo "::: python -m pytest -x -q${*:+ $*}"
 rc=0
 "$PYTHON" -m pytest -x -q "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
