@@ -168,9 +168,11 @@ class ClusterMagics(Magics):
         if args.command == "connect" and args.session:
             self._report_missed(cluster)
 
-    def _report_missed(self, cluster: _cluster.Cluster, settle: float = 1.0) -> None:
+    def _report_missed(self, cluster: _cluster.Cluster) -> None:
         """Bind what cells of an earlier kernel of this session produced while detached."""
-        time.sleep(settle)  # the agent replays the session's events right after the handshake
+        # The agent replays the session's events right after the handshake, in order:
+        # once a ping sent now is answered, every replayed event has arrived.
+        cluster._link.call("ping", timeout=60)
         assert self.shell is not None
         bound: list[str] = []
         for event, data in cluster.missed:

@@ -46,6 +46,21 @@ def answers(address: str) -> bool:
         return False
 
 
+def local_gcs_ports() -> set[str]:
+    """The ports this host's GCS processes serve: a recorded address is a cluster
+    running here only if one of them serves its port."""
+    ports: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if args and os.path.basename(args[0]) == "gcs_server":
+            ports.update(a.split("=", 1)[1] for a in args if a.startswith("--gcs_server_port="))
+    return ports
+
+
 def cluster_files() -> list[str]:
     """Where ``ray start`` recorded the clusters it started: Ray's default temp folder,
     then the folders of clusters this project started (``--start-head``, ``up``),
@@ -67,7 +82,8 @@ def probe() -> dict[str, Any]:
                 recorded.append(f.read().strip())
         except OSError:
             continue
-    candidates = [a for a in dict.fromkeys(recorded) if a and answers(a)]
+    serving = local_gcs_ports()
+    candidates = [a for a in dict.fromkeys(recorded) if a and a.rsplit(":", 1)[-1] in serving and answers(a)]
     return {
         "python": platform.python_version(),
         "executable": sys.executable,
