@@ -174,16 +174,11 @@ def run_json(argv: list[str], env: dict[str, str] | None = None, timeout: float 
 
 
 def running_rays() -> list[str]:
-    """GCS addresses of Ray clusters running on this machine, found where the agent's boot
-    script looks (``connect --start-head`` joins one of those rather than starting its own)."""
-    temp = Path(tempfile.gettempdir())
-    found = []
-    for path in [temp / "ray" / "ray_current_cluster", *temp.glob("jc-*/ray_current_cluster")]:
-        with contextlib.suppress(OSError, ValueError):
-            host, port = path.read_text().strip().rsplit(":", 1)
-            socket.create_connection((host, int(port)), 1).close()
-            found.append(f"{host}:{port}")
-    return found
+    """GCS addresses of Ray clusters running on this machine, as the agent's boot script finds
+    them (``connect --start-head`` joins one of those rather than starting its own)."""
+    from jupyter_cluster.agent import _boot
+
+    return list(_boot.probe()["ray_addresses"])
 
 
 def port_free(port: int) -> bool:
