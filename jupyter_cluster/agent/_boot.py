@@ -46,10 +46,9 @@ def answers(address: str) -> bool:
         return False
 
 
-def local_gcs_ports() -> set[str]:
-    """The ports this host's GCS processes serve: a recorded address is a cluster
-    running here only if one of them serves its port."""
-    ports: set[str] = set()
+def gcs_processes() -> list[tuple[str, list[str]]]:
+    """``(pid, argv)`` of each GCS server process on this host."""
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -57,8 +56,15 @@ def local_gcs_ports() -> set[str]:
         except OSError:
             continue
         if args and os.path.basename(args[0]) == "gcs_server":
-            ports.update(a.split("=", 1)[1] for a in args if a.startswith("--gcs_server_port="))
-    return ports
+            found.append((pid, args))
+    return found
+
+
+def local_gcs_ports() -> set[str]:
+    """The ports this host's GCS processes serve: a recorded address is a cluster
+    running here only if one of them serves its port."""
+    prefix = "--gcs_server_port="
+    return {a[len(prefix) :] for _, args in gcs_processes() for a in args if a.startswith(prefix)}
 
 
 def cluster_files() -> list[str]:

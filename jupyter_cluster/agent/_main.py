@@ -57,13 +57,13 @@ def cluster_auth_mode(address: str) -> str | None:
     """The authentication mode of the GCS serving ``address`` on this host, read from
     its process's environment (``ray start`` puts ``RAY_AUTH_MODE`` there, also when it
     turned token authentication on by itself); None when no such process can be read."""
+    from ._boot import gcs_processes
+
     port = f"--gcs_server_port={address.rsplit(':', 1)[-1]}"
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid, args in gcs_processes():
+        if port not in args:
+            continue
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().decode(errors="replace").split("\0")
-            if not args or os.path.basename(args[0]) != "gcs_server" or port not in args:
-                continue
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
         except OSError:
