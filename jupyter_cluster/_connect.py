@@ -274,8 +274,9 @@ def connect(
         cluster._link.reopen()
         return attach(cluster)
     token = _ray_token(ray_token_file)
-    ssh_target = SSHTarget.parse(target, identity=identity, known_hosts=known_hosts, python=python)
-    ssh_target.keepalive = keepalive or 0.0
+    ssh_target = SSHTarget.parse(
+        target, identity=identity, known_hosts=known_hosts, python=python, keepalive=float(keepalive)
+    )
     conn, state, started = _run(
         _bring_up(
             ssh_target,

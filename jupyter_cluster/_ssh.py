@@ -221,9 +221,6 @@ class RemoteHead:
         """The head's Python, Ray, this package's version, and a running Ray's address."""
         return (await self.boot({"probe_only": True}))["info"]
 
-    def session_dir(self, session: str) -> str:
-        return f"{self.info['home']}/.jupyter_cluster/sessions/{session}"
-
     async def ship_agent(self, lib: str, version: str) -> None:
         """Copy the agent's modules into ``lib`` (a per-version folder) over SFTP."""
         marker = f"{lib}/jupyter_cluster/agent/.complete"
