@@ -20,14 +20,17 @@ from ._cluster import Cluster, ClusterStatus, current, local
 from ._connect import connect, up
 from ._errors import (
     AgentLostError,
+    CellInterrupted,
     CellSourceError,
     CellTimeoutError,
     ClusterConnectionError,
     ClusterError,
     InputError,
     LinkLostError,
+    MissingOutputError,
     RemoteError,
     RequestError,
+    WorkerDiedError,
 )
 from ._handles import ObjectHandle
 
@@ -71,16 +74,26 @@ def put(value: Any) -> ObjectHandle:
     return _attached().put(value)
 
 
+def _owner(handles: Sequence[Any]) -> Cluster:
+    """The cluster the handles belong to (the one that made the first), else the attached one."""
+    for handle in handles:
+        if isinstance(handle, ObjectHandle) and handle.cluster is not None:
+            return handle.cluster
+    return _attached()
+
+
 def get(handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = None) -> Any:
     """``ray.get`` from the notebook: fetch a handle's value (or a list of them)."""
-    return _attached().get(handle, timeout)
+    if not isinstance(handle, (ObjectHandle, list, tuple)):
+        return handle  # already a value: what a resolved small output is
+    return _owner(handle if isinstance(handle, (list, tuple)) else [handle]).get(handle, timeout)
 
 
 def wait(
     handles: Sequence[ObjectHandle], num_returns: int = 1, timeout: float | None = None
 ) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
     """``ray.wait`` from the notebook: ``(ready, not_ready)``."""
-    return _attached().wait(handles, num_returns, timeout)
+    return _owner(handles).wait(handles, num_returns, timeout)
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
@@ -92,6 +105,7 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
 
 __all__ = [
     "AgentLostError",
+    "CellInterrupted",
     "CellResult",
     "CellSourceError",
     "CellTimeoutError",
@@ -101,11 +115,13 @@ __all__ = [
     "ClusterStatus",
     "InputError",
     "LinkLostError",
+    "MissingOutputError",
     "ObjectHandle",
     "RemoteCell",
     "RemoteError",
     "RemoteRepr",
     "RequestError",
+    "WorkerDiedError",
     "connect",
     "current",
     "get",

@@ -36,6 +36,8 @@ class CellAnalysis:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     displays_last: bool
+    #: Top-level modules the cell imports, anywhere in it (absolute imports only).
+    imports: tuple[str, ...] = ()
 
 
 class CellSyntaxError(SyntaxError):
@@ -132,6 +134,7 @@ def analyse_cell(source: str) -> CellAnalysis:
     """
     tree = _parse(source)
     displays = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not _ends_quiet(source)
+    imports = tuple(dict.fromkeys(_imported(tree)))
     walker = _Walker()
     try:
         for statement in tree.body:
@@ -145,8 +148,16 @@ def analyse_cell(source: str) -> CellAnalysis:
         )
         inputs = dict.fromkeys(n.id for n in found if isinstance(n.ctx, ast.Load | ast.Del))
         outputs = dict.fromkeys(n.id for n in found if isinstance(n.ctx, ast.Store))
-        return CellAnalysis(tuple(inputs), tuple(outputs), displays)
-    return CellAnalysis(tuple(walker.inputs), tuple(walker.outputs), displays)
+        return CellAnalysis(tuple(inputs), tuple(outputs), displays, imports)
+    return CellAnalysis(tuple(walker.inputs), tuple(walker.outputs), displays, imports)
+
+
+def _imported(tree: ast.Module) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".", 1)[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.split(".", 1)[0]
 
 
 def _ends_quiet(source: str) -> bool:

@@ -11,6 +11,8 @@ goes to the cell's own display area).
 from __future__ import annotations
 
 import concurrent.futures
+import difflib
+import logging
 import queue
 import sys
 import threading
@@ -21,13 +23,24 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from ._errors import AgentLostError, RemoteError, RequestError, remote_error
+from ._analysis import analyse_cell
+from ._errors import (
+    AgentLostError,
+    CellInterrupted,
+    MissingOutputError,
+    RemoteError,
+    RequestError,
+    remote_error,
+)
 from ._handles import ObjectHandle
 from ._inputs import ShippedInputs
+from ._modules import LazyModule
 from .agent._execute import CellOutcome, CellSpec, OutputInfo
 
 if TYPE_CHECKING:
     from ._cluster import Cluster
+
+log = logging.getLogger("jupyter_cluster")
 
 
 @dataclass
@@ -73,6 +86,7 @@ class RemoteCell:
         label: str,
         where: str,
         pending_handles: bool,
+        out_given: bool = False,
     ) -> None:
         self.cluster = cluster
         self.spec = spec
@@ -90,11 +104,17 @@ class RemoteCell:
         self._listeners: list[Callable[[str, Any], None]] = []
         self._history: list[tuple[str, Any]] = []
         self._lock = threading.Lock()
+        self._settle_callbacks: list[Callable[[RemoteCell], None]] = []
+        #: How the cell ended, once it has: its failure, or its result.
+        self.error: BaseException | None = None
+        self.final: CellResult | None = None
+        #: Whether the outputs were named (``--out``): a name the cell did not assign is then worth a word.
+        self.out_given = out_given
         self.handles: dict[str, ObjectHandle] = {}
         if pending_handles:
             for name in spec.outputs:
                 self.handles[name] = ObjectHandle(
-                    f"{spec.cell_id}/{name}", release=cluster._release, name=name, pending=True
+                    f"{spec.cell_id}/{name}", cluster=cluster, name=name, pending=True, label=label
                 )
 
     @property
@@ -126,6 +146,18 @@ class RemoteCell:
 
     def add_done_callback(self, fn: Callable[[RemoteCell], None]) -> None:
         self._future.add_done_callback(lambda _: fn(self))
+
+    def on_settle(self, callback: Callable[[RemoteCell], None]) -> None:
+        """Call ``callback(cell)`` when the cell ends, before its pending handles resolve
+        (or fail) and before ``result()`` returns: whoever waits on them sees what it did."""
+        self._settle_callbacks.append(callback)
+
+    def _settle(self) -> None:
+        for callback in self._settle_callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a settle callback of %s failed", self.label)
 
     def subscribe(self, listener: Callable[[str, Any], None]) -> None:
         """Call ``listener(event, data)`` for every event, those already past first."""
@@ -181,11 +213,14 @@ class RemoteCell:
             self._events.put(("finished", None))
 
     def _fail(self, error: BaseException) -> None:
+        if self._future.done():
+            return
         self.status = "cancelled" if isinstance(error, KeyboardInterrupt) else "failed"
+        self.error = error
+        self._settle()
         for handle in self.handles.values():
             handle._fail(error)
-        if not self._future.done():
-            self._future.set_exception(error)
+        self._future.set_exception(error)
 
     def _finish(self, data: dict[str, Any]) -> None:
         handles: dict[str, str] = data.get("handles", {})
@@ -196,22 +231,23 @@ class RemoteCell:
         failure = next((o.failure for o in outcomes if o.failure is not None), None)
         if failure is not None:
             self.cluster._release_many(handles.values())
-            if failure.interrupted and "--timeout" not in failure.message:
-                self._fail(KeyboardInterrupt(failure.message))
+            if failure.interrupted and not failure.origin and "--timeout" not in failure.message:
+                self._fail(CellInterrupted(_interrupt_message(failure.message, self.label, self.where)))
             else:
                 self._fail(remote_error(failure, self.spec.source, self.cell_id, self.label, self.where))
             return
         result = CellResult(elapsed=time.time() - self.submitted, node=outcomes[0].node if outcomes else "")
-        try:
-            per_item = [self._outputs(o, result) for o in outcomes]
-        except Exception as exc:  # an output this kernel cannot unpickle
-            self._fail(exc)
-            return
+        unloadable: dict[str, str] = {}
+        per_item = [self._outputs(o, result, unloadable) for o in outcomes]
         if self.spec.map_name is not None:
             for name in self.spec.outputs:
                 if any(o.outputs.get(name) and o.outputs[name].kind == "module" for o in outcomes):
-                    continue  # an `import` in a map cell must not turn a module into a list
-                result.outputs[name] = [item.get(name) for item in per_item]
+                    result.outputs[name] = per_item[0].get(name)  # an `import` must not become a list
+                elif name in unloadable:  # the list stays whole on the cluster
+                    meta = {"type": "list", "len": len(outcomes), "node": result.node}
+                    result.outputs[name] = ObjectHandle(f"{self.cell_id}/{name}", meta, cluster=self.cluster, name=name)
+                elif any(name in item for item in per_item):
+                    result.outputs[name] = [item.get(name) for item in per_item]
             values = [self._value(o.value) for o in outcomes]
             result.has_value = self.spec.display_last and any(v is not None for v in values)
             result.value = values if result.has_value else None
@@ -219,9 +255,18 @@ class RemoteCell:
             result.outputs = per_item[0] if per_item else {}
             result.value = self._value(outcomes[0].value)
             result.has_value = outcomes[0].value is not None
+        for name, reason in unloadable.items():
+            result.warnings.append(
+                f"`{name}` cannot be loaded in the notebook ({reason}); it stays on the cluster as a handle, "
+                f"which later remote cells read as the value."
+            )
+        missing = self._missing(outcomes)
+        result.warnings.extend(missing.values())
+        self.final = result
+        self._settle()
         for name, handle in self.handles.items():
             if name not in result.outputs:
-                handle._fail(NameError(f"the cell did not assign `{name}`"))
+                handle._fail(MissingOutputError(missing.get(name) or f"the cell did not assign `{name}`"))
             elif isinstance(result.outputs[name], ObjectHandle):
                 handle._resolve(result.outputs[name].meta)
             else:
@@ -236,7 +281,20 @@ class RemoteCell:
         self.status = "done"
         self._future.set_result(result)
 
-    def _outputs(self, outcome: CellOutcome, result: CellResult) -> dict[str, Any]:
+    def _missing(self, outcomes: list[CellOutcome]) -> dict[str, str]:
+        """What to say of each ``--out`` name the cell did not assign."""
+        if not self.out_given:
+            return {}
+        absent = {n for o in outcomes for n, info in o.outputs.items() if info.kind == "missing"}
+        assigned = analyse_cell(self.spec.source).outputs
+        said = {}
+        for name in (n for n in self.spec.outputs if n in absent):
+            close = difflib.get_close_matches(name, assigned, n=1)
+            hint = f" (did you mean `{close[0]}`?)" if close else ""
+            said[name] = f"--out names `{name}`, which the cell did not assign{hint}; nothing was bound to it."
+        return said
+
+    def _outputs(self, outcome: CellOutcome, result: CellResult, unloadable: dict[str, str]) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for name, info in outcome.outputs.items():
             if info.kind == "inline" and not self.cluster._ledger.accepts_code(info.data):
@@ -247,14 +305,14 @@ class RemoteCell:
                     "it stays on the cluster (later remote cells can use it)."
                 )
                 if self.spec.map_name is None:
-                    values[name] = ObjectHandle(
-                        f"{self.cell_id}/{name}",
-                        {"type": "Python code", "node": outcome.node},
-                        release=self.cluster._release,
-                        name=name,
-                    )
+                    values[name] = self._remote_handle(name, {"type": "Python code", "node": outcome.node})
             elif info.kind == "inline":
-                values[name] = cloudpickle.loads(info.data)
+                try:
+                    values[name] = cloudpickle.loads(info.data)
+                except Exception as exc:  # its class lives in a module only the cluster has, say
+                    unloadable.setdefault(name, f"{info.meta.get('type', 'its type')}: {type(exc).__name__}: {exc}")
+                    if self.spec.map_name is None:
+                        values[name] = self._remote_handle(name, {**info.meta, "node": outcome.node})
             elif info.kind == "remote":
                 pending = self.handles.get(name) if self.spec.map_name is None else None
                 if pending is not None:  # the same handle the notebook already holds
@@ -262,13 +320,12 @@ class RemoteCell:
                     values[name] = pending
                     continue
                 handle_id = info.meta.get("handle") or f"{self.cell_id}/{name}"
-                values[name] = ObjectHandle(handle_id, info.meta, release=self.cluster._release, name=name)
+                values[name] = ObjectHandle(handle_id, info.meta, cluster=self.cluster, name=name)
             elif info.kind == "module":
-                # Bound only if the kernel already has it: a cell's `import torch` must not
-                # load torch (or ray) into the notebook's process.
-                module = sys.modules.get(info.meta["module"])
-                if module is not None:
-                    values[name] = module
+                # The kernel's own module if it has one; else a stand-in that later cells read by
+                # name: a cell's `import torch` must not load torch (or ray) into the notebook.
+                module = info.meta["module"]
+                values[name] = sys.modules.get(module) or LazyModule(module)
             elif info.kind == "unpicklable":
                 result.warnings.append(
                     f"`{name}` ({info.meta.get('type')}) cannot leave the cluster ({info.meta.get('error')}); "
@@ -276,15 +333,33 @@ class RemoteCell:
                 )
         return values
 
+    def _remote_handle(self, name: str, meta: dict[str, Any]) -> ObjectHandle:
+        """A handle to an output the agent holds as ``<cell>/<name>`` (every task output)."""
+        pending = self.handles.get(name)
+        if pending is not None:
+            pending.meta.update(meta)
+            return pending
+        return ObjectHandle(f"{self.cell_id}/{name}", meta, cluster=self.cluster, name=name)
+
     @staticmethod
     def _value(info: OutputInfo | None) -> Any:
         if info is None:
             return None
         if info.kind == "inline":
-            return cloudpickle.loads(info.data)
+            try:
+                return cloudpickle.loads(info.data)
+            except Exception as exc:
+                kind = info.meta.get("type", "value")
+                return RemoteRepr({"text/plain": f"<a {kind} the notebook cannot load: {type(exc).__name__}: {exc}>"})
         if info.kind == "repr":
             return RemoteRepr(info.meta["bundle"])
         return None
+
+
+def _interrupt_message(message: str, label: str, where: str) -> str:
+    """What an interrupted cell says: which cell was cancelled, and why it may still run, if it does."""
+    _, _, rest = message.partition("), but ")
+    return f"cancelled the remote cell ({label}, {where})" + (f", but {rest}" if rest else "")
 
 
 __all__ = ["AgentLostError", "CellResult", "RemoteCell", "RemoteError", "RemoteRepr"]

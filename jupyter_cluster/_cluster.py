@@ -18,11 +18,12 @@ from typing import Any
 
 from ._analysis import analyse_cell
 from ._cell import RemoteCell
-from ._errors import AgentLostError, InputError
+from ._errors import AgentLostError, ClusterConnectionError, InputError, RequestError, remote_error
 from ._handles import ObjectHandle, parse_size
 from ._inputs import InputLedger, pickle_value
 from ._link import AgentLink, UnixTransport
 from ._local import EmbeddedAgent
+from ._modules import NotebookModules
 from ._status import ClusterStatus
 from .agent._execute import CellSpec, cell_filename
 
@@ -70,7 +71,8 @@ class Cluster:
     ) -> None:
         self._link = link
         self._agent = agent
-        self._ledger = InputLedger()
+        self._ledger = InputLedger(self)
+        self._modules = NotebookModules()
         self._counter = itertools.count(1)
         self._to_release: set[str] = set()
         self._release_lock = threading.Lock()
@@ -208,14 +210,16 @@ class Cluster:
                 raise ValueError(f"--map {map_name}: there are no items to map over")
             skip.add(map_name)
         names = [n for n in analysis.inputs if n in namespace and n not in skip]
-        shipped = self._ledger.prepare(names, namespace)
+        cell_id = f"{self._link.session}-{self._link.tag}c{next(self._counter)}"
+        label = label or f"remote cell {cell_id}"
+        shipped = self._ledger.prepare(names, namespace, reader=label)
+        sources = self._modules.for_cell(shipped.modules.values(), analysis.imports, shipped.pickles)
         if out is not None:
             outputs = tuple(out)
         elif mode == "actor":
             outputs = ()
         else:
             outputs = tuple(n for n in analysis.outputs if n != map_name)
-        cell_id = f"{self._link.session}-{self._link.tag}c{next(self._counter)}"
         spec = CellSpec(
             cell_id=cell_id,
             source=source,
@@ -225,12 +229,14 @@ class Cluster:
             display_last=analysis.displays_last,
             threshold=self.threshold,
             map_name=map_name,
+            label=label,
+            sources=tuple(sources),
         )
         body: dict[str, Any] = {"spec": spec, "mode": mode, "options": options, "inputs": shipped.entries}
         if mode == "map":
             body["items"] = pickle_value(f"the --map items of {map_name}", items)
         where = {"task": "task", "actor": f"actor {actor}", "driver": "driver", "map": "map"}[mode]
-        cell = RemoteCell(self, spec, mode, shipped, label or f"remote cell {cell_id}", where, pending_handles)
+        cell = RemoteCell(self, spec, mode, shipped, label, where, pending_handles, out_given=out is not None)
         self.cells[cell_id] = cell
         cell.add_done_callback(self._forget_cell)
         self._link.request("run_cell", body, cell._on_event)
@@ -287,14 +293,16 @@ class Cluster:
         1024
         """
         values = {"fn": fn, **{f"arg{i}": a for i, a in enumerate(args)}}
+        name = getattr(fn, "__name__", "fn")
         # A fresh ledger: submitted arguments are sent as they are, never by name.
-        shipped = InputLedger().prepare(list(values), values)
+        shipped = InputLedger(self).prepare(list(values), values, reader=f"jc.submit({name})")
         if shipped.modules:
             raise InputError("pass modules to submit() by importing them inside the function")
-        entries = shipped.entries
+        sources = self._modules.for_cell((), (), shipped.pickles)
         options = self._options(cpus, gpus, memory, resources, None, None)
-        handle_id = self._link.call("submit", {"inputs": entries, "options": options})
-        return ObjectHandle(handle_id, {"type": getattr(fn, "__name__", "result")}, release=self._release)
+        body = {"inputs": shipped.entries, "options": options, "sources": tuple(sources), "label": f"jc.submit({name})"}
+        handle_id = self._call("submit", body)
+        return ObjectHandle(handle_id, {"type": name}, cluster=self, name=name)
 
     def map(
         self, fn: Callable[..., Any], *iterables: Iterable[Any], cpus: float | None = None, gpus: float | None = None
@@ -305,8 +313,8 @@ class Cluster:
     def put(self, value: Any) -> ObjectHandle:
         """Store ``value`` in the cluster's object store; return its handle."""
         blob = pickle_value("the value given to put()", value)
-        handle_id, meta = self._link.call("put", {"value": blob}, timeout=None)
-        return ObjectHandle(handle_id, meta, release=self._release)
+        handle_id, meta = self._call("put", {"value": blob}, timeout=None)
+        return ObjectHandle(handle_id, meta, cluster=self)
 
     def get(self, handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = None) -> Any:
         """Fetch a handle's value (or a list of them) into the notebook."""
@@ -314,11 +322,14 @@ class Cluster:
             return [self.get(h, timeout) for h in handle]
         if not isinstance(handle, ObjectHandle):
             return handle  # already a value: what a resolved small output is
-        handle.wait(timeout)
+        if handle.cluster is not None and handle.cluster is not self:
+            return handle.cluster.get(handle, timeout)
+        if not handle.wait(timeout):
+            raise TimeoutError(f"`{handle.name or handle.id}` was not ready within {timeout} s")
         if handle.has_local_value:
             return handle.local_value
-        blob = self._link.call("get", {"handle": handle.id}, timeout=timeout)
-        return blob.load()
+        self._check_reachable(handle)
+        return self._call("get", {"handle": handle.id}, timeout=timeout).load()
 
     def wait(
         self, handles: Sequence[ObjectHandle], num_returns: int = 1, timeout: float | None = None
@@ -326,15 +337,58 @@ class Cluster:
         """Like ``ray.wait``: ``(ready, not_ready)`` once ``num_returns`` are ready."""
         if not 0 < num_returns <= len(handles):
             raise ValueError(f"num_returns must be between 1 and {len(handles)} (got {num_returns})")
+        for handle in handles:
+            self._check_reachable(handle)
         ids = [h.id for h in handles]
         answer_timeout = None if timeout is None else timeout + 30
         ready_ids = set(
-            self._link.call(
-                "wait", {"handles": ids, "num_returns": num_returns, "timeout": timeout}, timeout=answer_timeout
-            )
+            self._call("wait", {"handles": ids, "num_returns": num_returns, "timeout": timeout}, timeout=answer_timeout)
         )
         ready = [h for h in handles if h.id in ready_ids]
         return ready, [h for h in handles if h.id not in ready_ids]
+
+    def _check_reachable(self, handle: ObjectHandle) -> None:
+        """Refuse, with the reason, a handle this cluster cannot serve (its own is gone,
+        or it belongs to another cluster)."""
+        name = f"`{handle.name or handle.id}`"
+        owner = handle.cluster or self
+        gone = owner._unreachable()
+        if gone is not None:
+            raise ClusterConnectionError(f"{name} cannot be reached: {gone}")
+        if owner is not self:
+            raise InputError(
+                f"{name} lives on another cluster ({owner.kind}, session {owner.session}); "
+                "fetch it with jc.get() and pass the value, or use it from that cluster"
+            )
+
+    def _unreachable(self) -> str | None:
+        """Why this cluster's objects cannot be reached now, or None while attached."""
+        if not self._link.closed:
+            return None
+        if _detached.get(self.session) is self:
+            hint = self._link.transport.resume_hint(self.session)
+            return f"its session {self.session} is detached" + (f"; `{hint}` resumes it" if hint else "")
+        return self._link.lost or "the cluster it belongs to was shut down (`%cluster down`)"
+
+    def _call(self, op: str, body: dict[str, Any] | None = None, timeout: float | None = 60.0) -> Any:
+        """A request to the agent; a refusal caused by a failed cell raises that cell's error."""
+        try:
+            return self._link.call(op, body, timeout)
+        except RequestError as exc:
+            failure = exc.detail.get("failure")
+            if failure is None:
+                raise
+            raise remote_error(failure, failure.origin_source, "", failure.origin, "") from None
+
+    def kill_actor(self, name: str) -> None:
+        """Kill the ``--actor`` namespace ``name`` and whatever it runs (its variables are lost).
+
+        The next ``%%remote --actor NAME`` cell starts a fresh one.
+
+        >>> jc.current().kill_actor("trainer")  # doctest: +SKIP
+        """
+        if not self._call("kill_actor", {"name": name}):
+            raise ValueError(f"this cluster has no actor named {name!r}")
 
     def _release(self, handle_id: str) -> None:
         with self._release_lock:
@@ -376,7 +430,12 @@ class Cluster:
         _forget(self)
 
     def down(self) -> None:
-        """Stop what this cluster started: its agent, and the Ray it brought up (if any)."""
+        """Stop what this cluster started: its agent, and the Ray it brought up (if any).
+
+        Cells still running fail at once, and so does any wait on their handles.
+        """
+        for cell in list(self.cells.values()):
+            cell._fail(AgentLostError(f"it was shut down (`%cluster down`) while {cell.label} ran"))
         if not self._link.closed:
             # While the link is down, give it a moment to come back, not the full wait.
             wait = 30.0 if self._link.state == "connected" else 10.0

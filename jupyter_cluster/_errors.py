@@ -88,6 +88,28 @@ class InputError(ClusterError, ValueError):
     """A cell's input cannot be sent to the cluster."""
 
 
+class MissingOutputError(ClusterError, NameError):
+    """A name an ``--async`` cell was to bind (``--out``) that it did not assign."""
+
+
+# What a notebook reports as the error's name (the reply's ``ename``) is the builtin's.
+MissingOutputError.__name__ = "NameError"
+
+
+class WorkerDiedError(ClusterError):
+    """The process running a cell died (it exited, crashed, ran out of memory), or its actor did."""
+
+
+class CellInterrupted(KeyboardInterrupt):
+    """A remote cell stopped by an interrupt: what the notebook shows is this one line."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{RED}KeyboardInterrupt{RESET}: {self}"]
+
+
+CellInterrupted.__name__ = "KeyboardInterrupt"
+
+
 class RemoteError(ClusterError):
     """An exception raised by a cell on the cluster.
 
@@ -106,9 +128,11 @@ class RemoteError(ClusterError):
     where: str
     source: str
     cell_id: str
+    #: A last line saying how this cell met the error (an input from a failed cell).
+    note: str = ""
 
     def __str__(self) -> str:
-        return self.failure.message
+        return self.failure.message + (f" ({self.note})" if self.note else "")
 
     def _render_traceback_(self) -> list[str]:
         return render_traceback(self)
@@ -133,7 +157,17 @@ def _original_class(failure: RemoteFailure) -> type[BaseException] | None:
 
 
 def remote_error(failure: RemoteFailure, source: str, cell_id: str, label: str, where: str) -> RemoteError:
-    """The exception to raise in the notebook for ``failure``."""
+    """The exception to raise in the notebook for ``failure``.
+
+    A failure that came from an upstream cell (one whose output this cell read) is
+    shown as that cell's error, with its label and source, and a note saying so.
+    """
+    note = ""
+    if failure.origin:
+        reader = label
+        source, label, where = failure.origin_source, failure.origin, ""
+        if failure.via:
+            note = f"{reader} did not run: its input `{failure.via}` comes from {label}, which failed"
     base: type[RemoteError] = RemoteError
     if "--timeout" in failure.message and failure.interrupted:
         base = CellTimeoutError
@@ -150,12 +184,28 @@ def remote_error(failure: RemoteFailure, source: str, cell_id: str, label: str, 
     error = cls.__new__(cls)
     Exception.__init__(error, failure.message)
     error.failure, error.source, error.cell_id, error.label, error.where = failure, source, cell_id, label, where
+    error.note = note
     return error
+
+
+def failed_input(name: str, error: BaseException, reader: str) -> ClusterError:
+    """The error of a cell that reads ``name``, a handle whose cell failed: that cell's
+    own error (with a note), so the cell does not run with nothing in its place."""
+    if isinstance(error, RemoteError):
+        copy = remote_error(error.failure, error.source, error.cell_id, error.label, error.where)
+        copy.note = f"{reader} did not run: its input `{name}` comes from {error.label}, which failed"
+        return copy
+    if isinstance(error, KeyboardInterrupt):
+        why = f"the cell that computes it was cancelled ({error})"
+    else:
+        why = f"the cell that computes it failed: {error}"
+    return InputError(f"`{name}` has no value: {why}. {reader} did not run.")
 
 
 def _frame_label(filename: str, error: RemoteError) -> tuple[str, list[str]]:
     if filename == cell_filename(error.source):
-        return f"{error.label} on the cluster ({error.where})", error.source.splitlines()
+        where = f" ({error.where})" if error.where else ""
+        return f"{error.label} on the cluster{where}", error.source.splitlines()
     if filename.startswith("<remote-cell-"):
         return "an earlier remote cell", [line.rstrip("\n") for line in linecache.getlines(filename)]
     try:
@@ -171,15 +221,55 @@ def _frame_label(filename: str, error: RemoteError) -> tuple[str, list[str]]:
     return f"File {filename}", linecache.getlines(filename)
 
 
+Frame = tuple[str, int, str, str]
+
+
+def collapse_repeats(frames: list[Frame], least: int = 3) -> list[Frame | tuple[list[Frame], int]]:
+    """Frames with each run of a repeated stretch (a recursion) kept once, as IPython does.
+
+    A run is a stretch of up to 8 frames repeated at least ``least`` times in a row;
+    it becomes ``(stretch, times it repeats after the first)``.
+    """
+    out: list[Frame | tuple[list[Frame], int]] = []
+    i = 0
+    while i < len(frames):
+        for period in range(1, 9):
+            stretch = frames[i : i + period]
+            repeats = 1
+            while frames[i + repeats * period : i + (repeats + 1) * period] == stretch:
+                repeats += 1
+            if repeats >= least:
+                out.extend(stretch)
+                out.append((stretch, repeats - 1))
+                i += repeats * period
+                break
+        else:
+            out.append(frames[i])
+            i += 1
+    return out
+
+
 def render_traceback(error: RemoteError, context: int = 2) -> list[str]:
-    """IPython-style traceback lines for a remote failure (ANSI colours included)."""
+    """IPython-style traceback lines for a remote failure (ANSI colours included).
+
+    A failure without frames of the user's (a worker that died, a cancel) is one line.
+    """
     failure = error.failure
-    title = failure.type_name
+    title = "CellTimeoutError" if isinstance(error, CellTimeoutError) else failure.type_name
+    note = [f"({error.note}.)"] if error.note else []
+    if not failure.frames:
+        return [f"{RED}{title}{RESET}: {failure.message}", *note]
     lines = [
         f"{RED}{'-' * 75}{RESET}",
         f"{RED}{title}{RESET}".ljust(len(RED) + len(RESET) + 42) + "Traceback (most recent call last)",
     ]
-    for filename, lineno, name, text in failure.frames:
+    for frame in collapse_repeats(failure.frames):
+        if isinstance(frame[0], list):
+            stretch, times = frame
+            names = ", ".join(f"{name} at line {lineno}" for _, lineno, name, _ in stretch)
+            lines.append(f"    [... skipping similar frames: {names} ({times} times)]\n")
+            continue
+        filename, lineno, name, text = frame
         label, source = _frame_label(filename, error)
         where = f"{CYAN}{label}{RESET}, line {lineno}" + (f", in {name}" if name != "<module>" else "")
         block = [where]
@@ -194,7 +284,7 @@ def render_traceback(error: RemoteError, context: int = 2) -> list[str]:
             block.append(f"{GREEN}----> {lineno:<3}{RESET}{text}")
         lines.append("\n".join(block) + "\n")
     lines.append(f"{RED}{title}{RESET}: {failure.message}")
-    return lines
+    return lines + note
 
 
 def plain(lines: list[str]) -> str:

@@ -12,9 +12,17 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import weakref
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ClusterConnectionError
+
+if TYPE_CHECKING:
+    from ._cluster import Cluster
+
+#: How often a wait on a pending handle checks that its cluster is still there.
+_POLL = 0.25
 
 _UNITS = {
     "": 1,
@@ -72,20 +80,25 @@ class ObjectHandle:
         handle_id: str,
         meta: dict[str, Any] | None = None,
         *,
-        release: Callable[[str], None] | None = None,
+        cluster: Cluster | None = None,
         name: str = "",
         pending: bool = False,
+        label: str = "",
     ) -> None:
         self.id = handle_id
         self.meta = dict(meta or {})
         self.name = name
+        #: The cell that computes it ("Cell In[5]"), for a pending handle.
+        self.label = label
+        #: The cluster that holds it: only that cluster's cells and calls can use it.
+        self.cluster = cluster
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._value: Any = _NOTHING
         if not pending:
             self._ready.set()
-        if release is not None:
-            weakref.finalize(self, release, handle_id)
+        if cluster is not None:
+            weakref.finalize(self, cluster._release, handle_id)
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -109,12 +122,26 @@ class ObjectHandle:
         self._error = error
         self._ready.set()
 
+    @property
+    def error(self) -> BaseException | None:
+        """Why the value will never come: the failure of the cell that was to compute it."""
+        return self._error
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until resolved; re-raise the computing cell's failure."""
-        done = self._ready.wait(timeout)
+        """Block until resolved (False if ``timeout`` passes first); re-raise the computing
+        cell's failure. Ends at once, with an error, if the handle's cluster is gone."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready.is_set():
+            gone = self.cluster._unreachable() if self.cluster is not None else None
+            if gone is not None:
+                raise ClusterConnectionError(f"`{self.name or self.id}` cannot arrive: {gone}")
+            left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self._ready.wait(left)
         if self._error is not None:
             raise self._error
-        return done
+        return True
 
     @property
     def local_value(self) -> Any:
@@ -127,7 +154,8 @@ class ObjectHandle:
 
     def __repr__(self) -> str:
         if self._error is not None:
-            return f"<remote `{self.name}`: failed ({type(self._error).__name__})>"
+            of = f" of {self.label}" if self.label else ""
+            return f"<remote `{self.name}`{of}: failed ({type(self._error).__name__})>"
         if self.pending:
             label = f" `{self.name}`" if self.name else ""
             return f"<pending remote value{label} of cell {self.id.split('/')[0]}>"

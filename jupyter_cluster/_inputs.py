@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from ._errors import InputError
+from ._errors import InputError, failed_input
 from ._handles import ObjectHandle
 from .agent._protocol import Pickled
+
+if TYPE_CHECKING:
+    from ._cluster import Cluster
 
 #: Markers of code objects in a cloudpickle stream: functions or classes by value.
 _CODE_MARKERS = (b"_make_function", b"_make_skeleton_class", b"_make_code", b"_builtin_type")
@@ -33,6 +36,8 @@ class ShippedInputs:
     modules: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
     sent_bytes: int = 0
+    #: The pickle streams of every value input (sent or not): which modules they name.
+    pickles: list[bytes] = field(default_factory=list)
 
 
 def pickle_value(name: str, value: Any) -> Pickled:
@@ -51,7 +56,8 @@ def pickle_value(name: str, value: Any) -> Pickled:
 class InputLedger:
     """What the agent holds for each input name, so unchanged values are not re-sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: Cluster | None = None) -> None:
+        self.owner = owner
         self.held: dict[str, str] = {}
         self.code_ok = True
         self.code_reason = ""
@@ -61,7 +67,16 @@ class InputLedger:
         versions differ and it carries code."""
         return self.code_ok or not any(marker in data for marker in _CODE_MARKERS)
 
-    def prepare(self, names: list[str], namespace: dict[str, Any]) -> ShippedInputs:
+    def _check(self, name: str, handle: ObjectHandle, reader: str) -> None:
+        """Refuse a handle whose cell failed (with that cell's error), or that this
+        ledger's cluster cannot reach, before anything is sent."""
+        if handle.error is not None:
+            raise failed_input(name, handle.error, reader)
+        if self.owner is not None:
+            self.owner._check_reachable(handle)
+
+    def prepare(self, names: list[str], namespace: dict[str, Any], reader: str = "the cell") -> ShippedInputs:
+        """Make the inputs ``names`` of ``namespace`` ready to send for the cell ``reader``."""
         shipped = ShippedInputs()
         order = []
         for name in names:
@@ -71,6 +86,7 @@ class InputLedger:
                 continue
             order.append(name)
             if isinstance(value, ObjectHandle):
+                self._check(name, value, reader)
                 if value.has_local_value:
                     value = value.local_value  # resolved small output: send the value
                 else:
@@ -79,6 +95,9 @@ class InputLedger:
             if isinstance(value, (list, tuple)) and any(isinstance(v, ObjectHandle) for v in value):
                 # A list of handles (a --map output, say) is built on the cluster from
                 # its parts: the values never come through the notebook.
+                for i, part in enumerate(value):
+                    if isinstance(part, ObjectHandle):
+                        self._check(f"{name}[{i}]", part, reader)
                 parts = [
                     ("handle", v.id)
                     if isinstance(v, ObjectHandle) and not v.has_local_value
@@ -88,6 +107,7 @@ class InputLedger:
                 shipped.entries.append((name, "parts", (type(value).__name__, parts)))
                 continue
             blob = pickle_value(name, value)
+            shipped.pickles.append(blob.data)
             if not self.accepts_code(blob.data):
                 raise InputError(
                     f"cannot send `{name}`: it carries Python code (a function or class defined "

@@ -10,6 +10,7 @@ later output updates, whichever cell runs then.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import shlex
@@ -24,8 +25,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import _cluster
 from ._cell import CellResult, RemoteCell
-from ._errors import CellSourceError, ClusterError, RemoteError, plain
-from ._handles import ObjectHandle, parse_size
+from ._errors import CellInterrupted, CellSourceError, ClusterError, RemoteError, plain
+from ._handles import parse_size
 
 _MAP = re.compile(r"--map\s+([A-Za-z_]\w*)\s+in\s+(.+?)(?=\s+--[a-z]|\s*$)")
 
@@ -37,28 +38,75 @@ def _display(obj: Any, **kwargs: Any) -> Any:
 
 
 class _CellArea:
-    """The display area of an ``--async`` cell: a status line and its output so far."""
+    """The display area of an ``--async`` cell: a status line and its output.
+
+    While the cell runs, the area shows the last lines of its output, redrawn at most
+    every :attr:`EVERY` seconds, so each update costs at most that tail; when the cell
+    ends it shows the whole output once (its last :attr:`FINAL_CHARS` characters at
+    most). What the area sends thus grows with the output, not with its square.
+    """
+
+    TAIL_LINES = 30
+    TAIL_CHARS = 4000
+    FINAL_CHARS = 1 << 20
+    EVERY = 0.25
 
     def __init__(self, cell: RemoteCell) -> None:
         self.cell = cell
-        self.text = ""
+        self.parts: list[str] = []
+        self.size = 0
         self.state = f"running ({cell.where})"
+        self.final = False
+        self._sent = 0.0
+        self._timer: Any = None
         self.handle = _display(self, display_id=True)
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+        self.size += len(text)
+
+    def _tail(self, chars: int, lines: int | None) -> str:
+        kept: list[str] = []
+        size = 0
+        for part in reversed(self.parts):
+            kept.append(part)
+            size += len(part)
+            if size >= chars:
+                break
+        text = "".join(reversed(kept))[-chars:]
+        if lines is not None:
+            text = "".join(text.splitlines(keepends=True)[-lines:])
+        if len(text) < self.size:
+            return f"[… {self.size - len(text):,} characters above not shown]\n{text}"
+        return text
+
+    def text(self) -> str:
+        if self.final:
+            return self._tail(self.FINAL_CHARS, None)
+        return self._tail(self.TAIL_CHARS, self.TAIL_LINES)
 
     def __repr__(self) -> str:
         head = f"[{self.cell.label} on the cluster: {self.state}]"
-        return head + ("\n" + self.text if self.text else "")
+        body = self.text()
+        return head + ("\n" + body if body else "")
 
-    def _repr_html_(self) -> str:
-        from html import escape
-
-        body = f"<pre style='margin:0'>{escape(self.text)}</pre>" if self.text else ""
-        head = f"{escape(self.cell.label)} on the cluster: {escape(self.state)}"
-        return f"<div><span style='color:#777'>{head}</span>{body}</div>"
-
-    def update(self) -> None:
-        if self.handle is not None:
+    def update(self, now: bool = False) -> None:
+        """Redraw, at once or within :attr:`EVERY` s (called on the link's event loop)."""
+        if self.handle is None:
+            return
+        wait = self.EVERY - (time.monotonic() - self._sent)
+        if now or wait <= 0:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._sent = time.monotonic()
             self.handle.update(self)
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(wait, self._redraw)
+
+    def _redraw(self) -> None:
+        self._timer = None
+        self.update(now=True)
 
 
 def _cluster_parser() -> argparse.ArgumentParser:
@@ -103,7 +151,10 @@ class ClusterMagics(Magics):
         args = _cluster_parser().parse_args(shlex.split(line))
         if args.command == "local":
             existing = _cluster.current()
-            store = parse_size(args.object_store) if args.object_store else None
+            try:
+                store = parse_size(args.object_store) if args.object_store else None
+            except ValueError as exc:
+                raise UsageError(f"%cluster local --object-store: {exc}") from None
             cluster = _cluster.local(cpus=args.cpus, gpus=args.gpus, object_store=store)
             if existing is cluster:
                 print(f"Already attached: {cluster!r}. `%cluster down` first to start another.")
@@ -306,14 +357,16 @@ class ClusterMagics(Magics):
             if link.state != "connected":
                 self._interrupted_while_down(cell, ns)
             cell.cancel()
-            print("Interrupted: cancelling the remote work…", file=sys.stderr)
             try:
                 for event, data in cell.events():
                     if event == "stream":
                         _write(data)
             except KeyboardInterrupt:
                 pass
-            raise KeyboardInterrupt("the remote cell was cancelled") from None
+            error = cell.exception(0) if cell.done() else None
+            if isinstance(error, CellInterrupted | RemoteError):
+                raise error from None  # says how it stopped (or why it could not)
+            raise CellInterrupted(f"cancelled the remote cell ({cell.label}, {cell.where})") from None
         result = cell.result()
         return self._bind(result, ns)
 
@@ -329,19 +382,15 @@ class ClusterMagics(Magics):
                     ns.update(done.result().outputs)
 
             cell.add_done_callback(bind)
-            print(
-                f"Interrupted while the link to {target} is down: {cell.label} goes on running on the cluster; "
-                f"its outputs are bound when the link is back (jc.current().cells[{cell.cell_id!r}]).",
-                file=sys.stderr,
-            )
-            raise KeyboardInterrupt("stopped waiting; the remote cell goes on") from None
+            raise CellInterrupted(
+                f"stopped waiting: the link to {target} is down; {cell.label} goes on running on the cluster, "
+                f"and its outputs are bound when the link is back (jc.current().cells[{cell.cell_id!r}])"
+            ) from None
         cell.cancel()
-        print(
-            f"Interrupted while the link to {target} is down: {cell.label} will be cancelled as soon as the link "
-            f"is back (session {session}).",
-            file=sys.stderr,
-        )
-        raise KeyboardInterrupt("the remote cell is cancelled when the link returns") from None
+        raise CellInterrupted(
+            f"stopped waiting: the link to {target} is down, and {cell.label} is cancelled as soon as it is back "
+            f"(session {session})"
+        ) from None
 
     @staticmethod
     def _bind(result: CellResult, ns: dict[str, Any]) -> Any:
@@ -351,15 +400,18 @@ class ClusterMagics(Magics):
         return result.value if result.has_value else None
 
     def _run_in_background(self, cell: RemoteCell, ns: dict[str, Any]) -> None:
+        previous = {name: ns[name] for name in cell.handles if name in ns}
         ns.update(cell.handles)
         area = _CellArea(cell)
+        cell.on_settle(lambda done: _bind_in_place(done, ns, previous))
 
         def listen(event: str, data: Any) -> None:
             if event == "stream":
-                area.text += "".join(text for kind, text in data if kind != "display")
-                for kind, bundle in data:
+                for kind, item in data:
                     if kind == "display":
-                        _display(bundle, raw=True)
+                        _display(item, raw=True)
+                    else:
+                        area.add(item)
             elif event == "progress":
                 area.state = f"{data['done']}/{data['total']} items done"
             elif event == "started":
@@ -367,26 +419,39 @@ class ClusterMagics(Magics):
             elif event == "link":
                 area.state = _link_message(data) if data["state"] == "lost" else f"running ({cell.where})"
             elif cell.done():
-                area.state = self._finished(cell, ns)
-            area.update()
+                area.state = self._finished(cell)
+                area.final = True
+            area.update(now=event not in ("stream", "progress"))
 
         cell.subscribe(listen)
 
     @staticmethod
-    def _finished(cell: RemoteCell, ns: dict[str, Any]) -> str:
+    def _finished(cell: RemoteCell) -> str:
         error = cell.exception()
         if error is not None:
             if isinstance(error, RemoteError):
                 return "failed\n" + plain(error._render_traceback_())
+            if isinstance(error, KeyboardInterrupt):
+                return f"cancelled: {error}"
             return f"failed: {type(error).__name__}: {error}"
         result = cell.result()
-        for name, handle in cell.handles.items():
-            value = result.outputs.get(name)
-            # Resolve in place, unless the notebook has rebound the name meanwhile.
-            if ns.get(name) is handle and not isinstance(value, ObjectHandle) and name in result.outputs:
-                ns[name] = value
         names = ", ".join(result.outputs) or "nothing"
-        return f"done in {result.elapsed:.2f} s; bound {names}"
+        warnings = "".join(f"\nWarning: {w}" for w in result.warnings)
+        return f"done in {result.elapsed:.2f} s; bound {names}{warnings}"
+
+
+def _bind_in_place(cell: RemoteCell, ns: dict[str, Any], previous: dict[str, Any]) -> None:
+    """Resolve an ``--async`` cell's names in the notebook, unless rebound meanwhile. A
+    cell that failed binds nothing over what the names held before it ran; a name it
+    introduced keeps its failed handle, which tells a later reader what failed."""
+    outputs = cell.final.outputs if cell.final is not None else {}
+    for name, handle in cell.handles.items():
+        if ns.get(name) is not handle:
+            continue
+        if name in outputs:
+            ns[name] = outputs[name]
+        elif name in previous:
+            ns[name] = previous[name]
 
 
 def _link_message(data: dict[str, Any]) -> str:

@@ -2,51 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from jupyter_client.manager import KernelManager
+
+from .kernel import Kernel
 
 pytestmark = pytest.mark.timeout(600)
-
-
-class Kernel:
-    def __init__(self) -> None:
-        self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.kc = self.km.blocking_client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
-
-    def execute(self, code: str, timeout: float = 120, on_message: Any = None) -> tuple[dict[str, Any], list[Any]]:
-        """Run ``code``; return its execute_reply content and the iopub messages it caused."""
-        msg_id = self.kc.execute(code)
-        messages = []
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-            if msg["parent_header"].get("msg_id") == msg_id or msg["msg_type"] == "update_display_data":
-                messages.append(msg)
-                if on_message is not None:
-                    on_message(msg)
-            if (
-                msg["parent_header"].get("msg_id") == msg_id
-                and msg["msg_type"] == "status"
-                and msg["content"]["execution_state"] == "idle"
-            ):
-                break
-        reply = self.kc.get_shell_msg(timeout=timeout)
-        return reply["content"], messages
-
-    def stop(self) -> None:
-        try:
-            self.execute("%cluster down", timeout=60)
-        finally:
-            self.kc.stop_channels()
-            self.km.shutdown_kernel(now=True)
 
 
 @pytest.fixture(scope="module")

@@ -103,8 +103,8 @@ def test_retries_rerun_a_task_whose_worker_died(shell: Any, tmp_marker: str) -> 
     assert shell.user_ns["survived"] is True
     os.remove(tmp_marker)
     res = remote(shell, source, "--retries 0")
-    assert isinstance(res.error_in_exec, jc.RequestError)
-    assert "died" in str(res.error_in_exec)
+    assert isinstance(res.error_in_exec, jc.WorkerDiedError)
+    assert "died" in str(res.error_in_exec) and "did not retry" in str(res.error_in_exec)
 
 
 def test_submit_put_get_wait(cluster: jc.Cluster) -> None:

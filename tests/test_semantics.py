@@ -185,7 +185,7 @@ def test_timeout_cancels(shell: Any) -> None:
 
 def test_keyboard_interrupt_in_the_magic_cancels(shell: Any, cluster: jc.Cluster, tmp_marker: str) -> None:
     # Deliver a KeyboardInterrupt to the thread running the magic, as SIGINT does in a kernel.
-    from jupyter_cluster.agent._execute import interrupt_thread
+    from .kernel import interrupt_thread
 
     main = threading.get_ident()
 

@@ -1,30 +1,29 @@
-"""The agent's Ray-facing side: cells, objects and actors as the kernel asks for them.
+"""The agent's Ray-facing side: cells as the kernel asks for them.
 
 :class:`CellRunner` turns a request into Ray calls (a task, an actor method, a map
-of chunk tasks, or code in the agent's own driver namespace), keeps the objects a
-notebook holds handles to, pumps printed output from the relay actor to the right
-cell, and cancels work on interrupt or timeout. Everything a request produces goes
-out through an ``emit`` callback, which the server turns into sequenced events.
+of chunk tasks, or code in the agent's own driver namespace on its main thread),
+registers each output in the :class:`ObjectTable` the moment the cell is accepted
+(so a later cell can depend on it at once), pumps printed output from the relay
+actor to the right cell, and stops work on interrupt or timeout. A cell never
+fails with a Ray error: a worker that died, an actor that died or work that will
+not stop each becomes the cell's own one-line failure. Everything a request
+produces goes out through an ``emit`` callback, which the server turns into
+sequenced events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import os
 import pickle
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-try:
-    import cloudpickle
-except ImportError:  # a head without it: Ray carries its own copy
-    from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -32,40 +31,37 @@ from ._execute import (
     CellOutcome,
     CellOutput,
     CellSpec,
-    OutputInfo,
     Pickled,
     RemoteFailure,
-    describe,
+    failed_outputs,
     fresh_namespace,
-    interrupt_thread,
-    package_value,
-    run_in_namespace,
     unwrap,
 )
+from ._interrupt import MainThreadCells, interrupt_process
+from ._objects import CellRequestError, Deferred, ObjectTable
 from ._remote import (
     CellNamespace,
     OutputRelay,
-    bind_inputs,
-    node_ip,
+    interrupt_actor_cell,
+    run_cell_in,
     run_cell_task,
     run_function,
     run_map_chunk,
 )
+from ._resources import ClusterResources, ray_options, retries, task_options
 
 log = logging.getLogger("jupyter_cluster.agent")
 
 Emit = Callable[..., None]
+T = TypeVar("T")
 
 #: Inputs smaller than this travel inline with the task instead of via ray.put.
 INLINE_INPUT = 100 * 1024
 #: Seconds the agent's loop may wait in place for a result that is nearly there.
 FAST_PATH = 0.003
-#: Seconds a cancelled task gets to stop by itself before its worker is killed.
+#: Seconds a cancelled cell gets to stop by itself: then a task's worker is killed, and
+#: an actor or driver cell that did not stop is reported at once (it cannot be killed alone).
 CANCEL_GRACE = 2.0
-
-
-class CellRequestError(Exception):
-    """A request the agent refuses; the message goes to the notebook as it is."""
 
 
 @dataclass
@@ -73,10 +69,15 @@ class RunningCell:
     cell_id: str
     mode: str
     emit: Emit
+    spec: CellSpec
+    options: dict[str, Any]
     refs: list[Any] = field(default_factory=list)
-    actor: Any = None
-    thread: int | None = None
+    actor: str = ""
+    where: Any = None  # the actor's where() ref: its pid, node and flag file
+    job: concurrent.futures.Future[Any] | None = None  # a driver cell on the main thread
+    interrupting: asyncio.Future[None] | None = None  # an actor cell's interrupt on its way
     cancelled: str = ""
+    abandoned: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     chunks: int = 0
     early: dict[tuple[int, int], list[tuple[str, Any]]] = field(default_factory=dict)
     following: dict[int, int] = field(default_factory=dict)
@@ -84,6 +85,13 @@ class RunningCell:
     started: float = field(default_factory=time.time)
     done_items: int = 0
     total_items: int = 1
+
+
+@dataclass
+class ActorRecord:
+    handle: Any
+    where: Any  # ObjectRef of CellNamespace.where()
+    names: list[str] = field(default_factory=list)
 
 
 @ray.remote(num_cpus=0)
@@ -97,42 +105,34 @@ def assemble_tuple(items: list[Any]) -> tuple[Any, ...]:
     return tuple(items)
 
 
-def _format_resources(resources: dict[str, float]) -> str:
-    shown = []
-    for key, value in sorted(resources.items()):
-        if key.startswith("node:") or key.endswith("_group") or "_group_" in key:
-            continue
-        if key in ("memory", "object_store_memory"):
-            shown.append(f"{key} {value / 2**30:.1f} GiB")
-        else:
-            shown.append(f"{key} {value:g}")
-    return ", ".join(shown)
+def _request_failure(spec: CellSpec, message: str) -> RemoteFailure:
+    return RemoteFailure("RequestError", "jupyter_cluster._errors", message, [], None, origin=spec.label)
 
 
 class CellRunner:
     """Runs cells and keeps the objects and actors of the notebooks attached."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, driver: MainThreadCells) -> None:
         self.loop = loop
+        self.driver = driver
+        self.table = ObjectTable()
+        self.cluster = ClusterResources()
+        self.node_id = ray.get_runtime_context().get_node_id()
         self.relay_name = f"jupyter-cluster-relay-{os.getpid()}"
         self.relay = self._start_relay()
         self.running: dict[str, RunningCell] = {}
-        self.objects: dict[str, Any] = {}
         self.inputs: dict[str, tuple[str, Any]] = {}
-        self.actors: dict[str, Any] = {}
+        self.actors: dict[str, ActorRecord] = {}
         self.driver_ns = fresh_namespace()
         self.driver_ns["ray"] = ray
-        self._driver_pool = ThreadPoolExecutor(1, thread_name_prefix="driver-cell")
         self._remotes: dict[Any, Any] = {}
-        self._nodes: tuple[float, list[dict[str, Any]]] = (0.0, [])
         self._pump = loop.create_task(self._pump_output())
 
     # ----------------------------------------------------------------- output
     def _start_relay(self) -> Any:
-        here = ray.get_runtime_context().get_node_id()
         return OutputRelay.options(  # type: ignore[attr-defined]
             name=self.relay_name,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
         ).remote()
 
     async def _pump_output(self) -> None:
@@ -173,56 +173,6 @@ class CellRunner:
             except asyncio.TimeoutError:
                 pass
 
-    # ------------------------------------------------------------- resources
-    def nodes(self, max_age: float = 2.0) -> list[dict[str, Any]]:
-        stamp, nodes = self._nodes
-        if time.monotonic() - stamp > max_age:
-            nodes = [n for n in ray.nodes() if n.get("Alive")]
-            self._nodes = (time.monotonic(), nodes)
-        return nodes
-
-    def check_feasible(self, request: dict[str, float]) -> None:
-        """Refuse at once a request that no node of the cluster can ever hold."""
-        wanted = {k: v for k, v in request.items() if v}
-        if not wanted:
-            return
-        nodes = self.nodes()
-        for node in nodes:
-            have = node.get("Resources", {})
-            if all(have.get(k, 0.0) >= v for k, v in wanted.items()):
-                return
-        asked = ", ".join(f"{k} {v:g}" for k, v in wanted.items())
-        if "memory" in wanted:
-            asked = asked.replace(f"memory {wanted['memory']:g}", f"memory {wanted['memory'] / 2**30:.1f} GiB")
-        have = "; ".join(
-            f"node {n.get('NodeManagerAddress')}: {_format_resources(n.get('Resources', {}))}" for n in nodes
-        )
-        raise CellRequestError(
-            f"no node of this cluster can ever provide {asked}; the cluster has {have}. "
-            "Ask for less, or attach to a cluster that has it."
-        )
-
-    @staticmethod
-    def ray_options(options: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if options.get("cpus") is not None:
-            out["num_cpus"] = options["cpus"]
-        if options.get("gpus") is not None:
-            out["num_gpus"] = options["gpus"]
-        if options.get("memory") is not None:
-            out["memory"] = options["memory"]
-        if options.get("resources"):
-            out["resources"] = dict(options["resources"])
-        return out
-
-    def resource_request(self, options: dict[str, Any], default_cpus: float) -> dict[str, float]:
-        opts = self.ray_options(options)
-        request = {"CPU": float(opts.get("num_cpus", default_cpus)), "GPU": float(opts.get("num_gpus", 0))}
-        if "memory" in opts:
-            request["memory"] = float(opts["memory"])
-        request.update({k: float(v) for k, v in opts.get("resources", {}).items()})
-        return request
-
     def _remote(self, fn: Any, num_returns: int, options: dict[str, Any]) -> Any:
         key = (fn, num_returns, repr(sorted(options.items())))
         remote = self._remotes.get(key)
@@ -232,12 +182,16 @@ class CellRunner:
         return remote
 
     # ---------------------------------------------------------------- inputs
-    async def resolve_inputs(self, inputs: list[tuple[str, str, Any]]) -> list[Any]:
-        """Turn the kernel's input list into task arguments (values or ObjectRefs)."""
+    async def resolve_inputs(self, inputs: list[tuple[str, str, Any]], keep_pickled: bool = False) -> list[Any]:
+        """Turn the kernel's input list into task arguments (values or ObjectRefs).
+
+        ``keep_pickled``: leave values pickled for the process that runs the cell, which
+        unpickles them once the notebook's own modules are installed there.
+        """
         args = []
         for name, kind, data in inputs:
             if kind == "handle":
-                args.append(await self.object_ref(data))
+                args.append(await self.table.object_ref(data))
             elif kind == "cached":
                 held = self.inputs.get(name)
                 if held is None or held[0] != data:
@@ -245,12 +199,12 @@ class CellRunner:
                 args.append(held[1])
             elif kind == "parts":
                 container, parts = data
-                values = [await self.object_ref(d) if k == "handle" else d for k, d in parts]
+                values = [await self.table.object_ref(d) if k == "handle" else d for k, d in parts]
                 ref = assemble.remote(*values)
                 args.append(assemble_tuple.remote(ref) if container == "tuple" else ref)
             elif kind == "value":
                 digest, blob = data
-                value = await self.loop.run_in_executor(None, self._load_input, blob)
+                value = await self.loop.run_in_executor(None, self._load_input, blob, keep_pickled)
                 self.inputs[name] = (digest, value)
                 args.append(value)
             else:
@@ -258,58 +212,63 @@ class CellRunner:
         return args
 
     @staticmethod
-    def _load_input(blob: Pickled) -> Any:
-        try:
-            value = blob.load()
-        except Exception:  # a type only the workers can import: they unpickle it
-            value = blob
+    def _load_input(blob: Pickled, keep_pickled: bool) -> Any:
+        value: Any = blob
+        if not keep_pickled:
+            try:
+                value = blob.load()
+            except Exception:  # a type only the workers can import: they unpickle it
+                value = blob
         if blob.nbytes > INLINE_INPUT:
             return ray.put(value)
         return value
-
-    async def object_ref(self, handle_id: str) -> Any:
-        held = self.objects.get(handle_id)
-        if held is None:
-            raise CellRequestError(
-                f"the cluster no longer holds object {handle_id} (it was released, or the "
-                "agent restarted); run the cell that made it again"
-            )
-        if isinstance(held, asyncio.Future):
-            held = await held
-        return held
 
     # ----------------------------------------------------------------- cells
     async def run_cell(self, request: dict[str, Any], emit: Emit) -> None:
         spec: CellSpec = request["spec"]
         mode: str = request["mode"]
         options: dict[str, Any] = request.get("options", {})
-        cell = RunningCell(spec.cell_id, mode, emit)
         if spec.cell_id in self.running:
             raise CellRequestError(f"cell {spec.cell_id} is already running")
+        cell = RunningCell(spec.cell_id, mode, emit, spec, options)
         self.running[spec.cell_id] = cell
+        # Registered before anything is awaited: a cell sent right after this one may read them.
+        outputs = [f"{spec.cell_id}/{name}" for name in spec.outputs]
+        for handle_id in outputs:
+            self.table.pending(handle_id)
         timer = None
         if options.get("timeout"):
             timer = self.loop.call_later(
                 options["timeout"], self.cancel, spec.cell_id, f"--timeout {options['timeout']:g} s"
             )
+        failure: RemoteFailure | None = None
         try:
             if mode == "task":
-                result = await self._run_task(cell, spec, request, options)
+                result = await self._run_task(cell, request)
             elif mode == "actor":
-                result = await self._run_actor(cell, spec, request, options)
+                result = await self._run_actor(cell, request)
             elif mode == "driver":
-                result = await self._run_driver(cell, spec, request)
+                result = await self._run_driver(cell, request)
             elif mode == "map":
-                result = await self._run_map(cell, spec, request, options)
+                result = await self._run_map(cell, request)
             else:
                 raise CellRequestError(f"unknown cell mode {mode!r}")
+            outcome = result.get("outcome")
+            failure = outcome.failure if outcome is not None else None
             if cell.cancelled:
                 result["cancelled"] = cell.cancelled
             emit("done", result, final=True)
+        except CellRequestError as exc:
+            failure = _request_failure(spec, str(exc))
+            raise
         finally:
             if timer is not None:
                 timer.cancel()
             self.running.pop(spec.cell_id, None)
+            if outputs:  # those not settled yet will never have a value: they carry the failure
+                marker = failed_outputs(spec, failure or _request_failure(spec, "the cell ended without a result"))
+                for handle_id in outputs:
+                    self.table.fail(handle_id, marker[0].failure)
 
     @staticmethod
     def _started(cell: RunningCell, request: dict[str, Any], info: dict[str, Any]) -> None:
@@ -317,14 +276,6 @@ class CellRunner:
         # holds them) or shows progress; a trivial cell is spared the extra message.
         if cell.mode == "map" or any(kind in ("value", "parts") for _, kind, _ in request["inputs"]):
             cell.emit("started", info)
-
-    def _register_outputs(self, spec: CellSpec, refs: list[Any]) -> dict[str, str]:
-        handles = {}
-        for name, ref in zip(spec.outputs, refs, strict=True):
-            handle_id = f"{spec.cell_id}/{name}"
-            self.objects[handle_id] = ref
-            handles[name] = handle_id
-        return handles
 
     async def _result(self, ref: Any) -> Any:
         """The value of ``ref``: a quick cell's result is waited for right here (an
@@ -335,112 +286,162 @@ class CellRunner:
         except ray.exceptions.GetTimeoutError:
             return await ref
 
+    async def _unless_abandoned(self, cell: RunningCell, awaitable: Awaitable[T]) -> T | None:
+        """``await awaitable``, or None once the cell is given up on (it would not stop)."""
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(awaitable)
+        abandoned: asyncio.Future[Any] = cell.abandoned
+        await asyncio.wait([waiter, abandoned], return_when=asyncio.FIRST_COMPLETED)
+        if waiter.done():
+            result: T = waiter.result()
+            return result
+        waiter.cancel()
+        return None
+
     async def _finish(self, cell: RunningCell, envelope: Any) -> CellOutcome:
         try:
-            outcome: CellOutcome = pickle.loads(await self._result(envelope))
-        except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
-            if not cell.cancelled:
-                raise CellRequestError(f"the cell's worker died: {exc}") from exc
-            outcome = CellOutcome(failure=_interrupted(cell.cancelled))
-        except ray.exceptions.RayActorError as exc:
-            raise CellRequestError(f"the actor running the cell died: {exc}") from exc
+            if cell.mode == "actor":
+                raw = await self._unless_abandoned(cell, self._result(envelope))
+                if raw is None:
+                    return CellOutcome(failure=self._would_not_stop(cell))
+            else:
+                raw = await self._result(envelope)
+            outcome: CellOutcome = pickle.loads(raw)
+        except ray.exceptions.RayError as exc:
+            stopped = (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError)
+            if cell.cancelled and isinstance(exc, stopped):
+                outcome = CellOutcome(failure=_interrupted(cell.cancelled))
+            else:
+                outcome = CellOutcome(failure=self._lost(cell, exc, f"{cell.spec.label or 'the cell'} did not finish:"))
         await self._await_chunks(cell, outcome.chunks_sent, 1.0 if cell.cancelled else 10.0)
         return outcome
 
-    async def _run_task(
-        self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]
-    ) -> dict[str, Any]:
-        ray_opts = self.ray_options(options)
-        self.check_feasible(self.resource_request(options, 1))
-        if options.get("retries") is not None:
-            ray_opts["max_retries"] = options["retries"]
-            ray_opts["retry_exceptions"] = False
-        args = await self.resolve_inputs(request["inputs"])
-        remote = self._remote(run_cell_task, 1 + len(spec.outputs), ray_opts)
-        refs = remote.remote(self._spec_bytes(spec), *args)
-        refs = refs if isinstance(refs, list) else [refs]
-        cell.refs = refs
-        handles = self._register_outputs(spec, refs[1:])
-        self._started(cell, request, {"mode": "task"})
-        outcome = await self._finish(cell, refs[0])
-        return {"outcome": outcome, "handles": handles}
+    def _lost(self, cell: RunningCell, exc: BaseException, what: str) -> RemoteFailure:
+        """A cell whose worker, actor or node went away, said in one line."""
+        log.warning("cell %s: %s", cell.cell_id, exc)
+        if isinstance(exc, ray.exceptions.RayActorError):
+            name = cell.actor
+            self.actors.pop(name, None)
+            message = (
+                f"{what} actor `{name}` died while running it, and its namespace with it "
+                f"(the next `--actor {name}` cell starts a fresh one)."
+            )
+        else:
+            if isinstance(exc, ray.exceptions.OutOfMemoryError):
+                why = "its node ran out of memory, and Ray killed the worker running it"
+            elif isinstance(exc, ray.exceptions.NodeDiedError):
+                why = "the node running it died"
+            elif isinstance(exc, ray.exceptions.WorkerCrashedError):
+                why = "the worker process running it died (it exited, crashed or was killed)"
+            else:
+                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            n = retries(cell.options)
+            tries = "Ray did not retry it (--retries 0)" if n == 0 else f"Ray retried it {n} time{'s' * (n != 1)}"
+            message = f"{what} {why}; {tries}."
+        return RemoteFailure("WorkerDiedError", "jupyter_cluster._errors", message, [], None)
 
     def _spec_bytes(self, spec: CellSpec) -> bytes:
         spec.relay = self.relay_name
         return pickle.dumps(spec, protocol=5)
 
-    def actor(self, name: str, options: dict[str, Any]) -> Any:
-        handle = self.actors.get(name)
-        if handle is None:
-            ray_opts = self.ray_options(options)
-            self.check_feasible(self.resource_request(options, 1 if "num_cpus" not in ray_opts else 0))
-            handle = CellNamespace.options(  # type: ignore[attr-defined]
-                name=f"cell-namespace:{name}", get_if_exists=True, **ray_opts
-            ).remote(name)
-            self.actors[name] = handle
-        return handle
-
-    async def _run_actor(
-        self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]
-    ) -> dict[str, Any]:
-        actor = self.actor(options["actor"], options)
-        args = await self.resolve_inputs(request["inputs"])
-        method = actor.run if not spec.outputs else actor.run.options(num_returns=1 + len(spec.outputs))
-        refs = method.remote(self._spec_bytes(spec), *args)
+    async def _run_task(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
+        spec = cell.spec
+        self.cluster.check_feasible(cell.options)
+        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(spec.sources))
+        remote = self._remote(run_cell_task, 1 + len(spec.outputs), task_options(cell.options))
+        refs = remote.remote(self._spec_bytes(spec), *args)
         refs = refs if isinstance(refs, list) else [refs]
-        cell.refs, cell.actor = refs, actor
-        handles = self._register_outputs(spec, refs[1:])
-        self._started(cell, request, {"mode": "actor", "actor": options["actor"]})
-        try:
-            outcome = await self._finish(cell, refs[0])
-        except CellRequestError:
-            self.actors.pop(options["actor"], None)
-            raise
+        cell.refs = refs
+        handles = self._settle_outputs(spec, refs[1:])
+        self._started(cell, request, {"mode": "task"})
+        outcome = await self._finish(cell, refs[0])
         return {"outcome": outcome, "handles": handles}
 
-    async def _run_driver(self, cell: RunningCell, spec: CellSpec, request: dict[str, Any]) -> dict[str, Any]:
-        args = await self.resolve_inputs(request["inputs"])
+    def _settle_outputs(self, spec: CellSpec, held: list[Any]) -> dict[str, str]:
+        handles = {}
+        for name, value in zip(spec.outputs, held, strict=True):
+            handles[name] = handle_id = f"{spec.cell_id}/{name}"
+            self.table.settle(handle_id, value)
+        return handles
+
+    def actor(self, name: str, options: dict[str, Any]) -> ActorRecord:
+        record = self.actors.get(name)
+        if record is None:
+            self.cluster.check_feasible(options)
+            handle = CellNamespace.options(  # type: ignore[attr-defined]
+                name=f"cell-namespace:{name}", get_if_exists=True, **ray_options(options)
+            ).remote(name)
+            record = self.actors[name] = ActorRecord(handle, handle.where.remote())
+        return record
+
+    def kill_actor(self, name: str) -> bool:
+        """Kill actor ``name`` (its namespace and whatever it runs); False if there is none."""
+        record = self.actors.pop(name, None)
+        try:
+            handle = record.handle if record is not None else ray.get_actor(f"cell-namespace:{name}")
+        except ValueError:
+            return False
+        ray.kill(handle, no_restart=True)
+        return True
+
+    async def _run_actor(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
+        spec = cell.spec
+        cell.actor = cell.options["actor"]
+        record = self.actor(cell.actor, cell.options)
+        cell.where = record.where
+        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(spec.sources))
+        method = record.handle.run if not spec.outputs else record.handle.run.options(num_returns=1 + len(spec.outputs))
+        refs = method.remote(self._spec_bytes(spec), *args)
+        refs = refs if isinstance(refs, list) else [refs]
+        cell.refs = refs
+        handles = self._settle_outputs(spec, refs[1:])
+        self._started(cell, request, {"mode": "actor", "actor": cell.actor})
+        outcome = await self._finish(cell, refs[0])
+        return {"outcome": outcome, "handles": handles}
+
+    async def _run_driver(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
+        spec = cell.spec
+        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(spec.sources))
 
         def sink(index: int, batch: list[tuple[str, Any]]) -> None:
             self.loop.call_soon_threadsafe(cell.emit, "stream", batch)
 
         def run() -> tuple[CellOutcome, list[Any]]:
-            cell.thread = threading.get_ident()
-            try:
-                values = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args]
-                bind_inputs(spec, self.driver_ns, tuple(values))
-                return run_in_namespace(spec, self.driver_ns, CellOutput(sink), node_ip())
-            finally:
-                cell.thread = None
+            values = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
+            return run_cell_in(spec, self.driver_ns, values, CellOutput(sink))
 
         self._started(cell, request, {"mode": "driver"})
-        outcome, values = await self.loop.run_in_executor(self._driver_pool, run)
+        cell.job = self.driver.submit(cell.cell_id, run)
+        try:
+            done = await self._unless_abandoned(cell, asyncio.wrap_future(cell.job))
+        except (asyncio.CancelledError, KeyboardInterrupt):  # cancelled before it started
+            done = (CellOutcome(failure=_interrupted(cell.cancelled or "interrupted")), [])
+        if done is None:
+            return {"outcome": CellOutcome(failure=self._would_not_stop(cell)), "handles": {}}
+        outcome, values = done
         handles = {}
         for name, value in zip(spec.outputs, values, strict=False):
-            if outcome.outputs[name].kind == "remote":
-                handle_id = f"{spec.cell_id}/{name}"
-                self.objects[handle_id] = ray.put(value)
-                handles[name] = handle_id
+            handles[name] = handle_id = f"{spec.cell_id}/{name}"
+            info = outcome.outputs.get(name)
+            remote = info is not None and info.kind == "remote"
+            # What came back inline is put in the object store only if a later cell asks.
+            self.table.settle(handle_id, ray.put(value) if remote else Deferred(value))
         return {"outcome": outcome, "handles": handles}
 
-    async def _run_map(
-        self, cell: RunningCell, spec: CellSpec, request: dict[str, Any], options: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _run_map(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
+        spec = cell.spec
         items: list[Any] = request["items"].load()
-        ray_opts = self.ray_options(options)
-        self.check_feasible(self.resource_request(options, 1))
-        args = await self.resolve_inputs(request["inputs"])
-        cpus = sum(n.get("Resources", {}).get("CPU", 0) for n in self.nodes()) or 1
+        self.cluster.check_feasible(cell.options)
+        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(spec.sources))
         # Tiny items are batched so that scheduling costs do not dominate; there are
         # still several chunks per CPU so that the cluster stays busy to the end.
-        per_chunk = max(1, math.ceil(len(items) / (4 * cpus)), math.ceil(len(items) / 256))
-        per_chunk = min(per_chunk, int(options.get("chunk") or per_chunk))
-        remote = self._remote(run_map_chunk, 1, ray_opts)
+        per_chunk = max(1, math.ceil(len(items) / (4 * self.cluster.cpus())), math.ceil(len(items) / 256))
+        per_chunk = min(per_chunk, int(cell.options.get("chunk") or per_chunk))
+        remote = self._remote(run_map_chunk, 1, task_options(cell.options))
         chunks = [items[i : i + per_chunk] for i in range(0, len(items), per_chunk)]
         spec_bytes = self._spec_bytes(spec)
         refs = [remote.remote(spec_bytes, i, chunk, *args) for i, chunk in enumerate(chunks)]
         cell.refs, cell.total_items = refs, len(items)
-        futures = {self._as_future(r): i for i, r in enumerate(refs)}
+        futures = {asyncio.ensure_future(r): i for i, r in enumerate(refs)}
         futures_pending = set(futures)
         cell.emit("started", {"mode": "map", "items": len(items), "chunks": len(chunks)})
         results: list[list[tuple[CellOutcome, list[Any]]] | None] = [None] * len(refs)
@@ -449,18 +450,22 @@ class CellRunner:
         while futures_pending and failure is None:
             done, futures_pending = await asyncio.wait(futures_pending, return_when=asyncio.FIRST_COMPLETED)
             for fut in done:
+                index = futures[fut]
                 try:
                     chunk_result = fut.result()
-                except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError):
-                    failure = _interrupted(cell.cancelled or "the map was cancelled")
+                except ray.exceptions.RayError as exc:
+                    if cell.cancelled:
+                        failure = _interrupted(cell.cancelled)
+                    else:
+                        failure = self._lost(cell, exc, _items(spec, index * per_chunk, chunks[index]))
                     break
-                results[futures[fut]] = chunk_result
+                results[index] = chunk_result
                 chunks_sent += chunk_result[-1][0].chunks_sent
                 cell.done_items += len(chunk_result)
                 bad = next((o.failure for o, _ in chunk_result if o.failure), None)
                 if bad is not None:
                     failure = bad
-                    failure.message += f"  [in item {futures[fut] * per_chunk + len(chunk_result) - 1} of --map]"
+                    failure.message += f"  [in item {index * per_chunk + len(chunk_result) - 1} of --map]"
                 cell.emit("progress", {"done": cell.done_items, "total": cell.total_items})
         if failure is not None:
             for ref in cell.refs:
@@ -477,35 +482,70 @@ class CellRunner:
                     info = outcome.outputs[name]
                     if info.kind == "remote":
                         info.meta["handle"] = handle_id = f"{spec.cell_id}/{name}/{len(parts)}"
-                        self.objects[handle_id] = refs_[j]
+                        self.table.add(handle_id, refs_[j])
                         parts.append(refs_[j])
                     else:
                         parts.append(Pickled(info.data) if info.kind == "inline" else None)
             handles[name] = handle_id = f"{spec.cell_id}/{name}"
-            self.objects[handle_id] = assemble.remote(*parts)
+            self.table.settle(handle_id, assemble.remote(*parts))
         return {"items": outcomes, "handles": handles}
-
-    @staticmethod
-    def _as_future(ref: Any) -> asyncio.Future[Any]:
-        return asyncio.ensure_future(ref)
 
     # ---------------------------------------------------------------- cancel
     def cancel(self, cell_id: str, reason: str = "interrupted") -> bool:
         cell = self.running.get(cell_id)
         if cell is None:
             return False
+        if cell.cancelled:
+            return True
         cell.cancelled = reason
         if cell.mode == "driver":
-            if cell.thread is not None:
-                interrupt_thread(cell.thread)
+            if cell.job is not None and not cell.job.cancel():  # it runs: interrupt it
+                self.driver.interrupt(cell_id)
+            self.loop.call_later(CANCEL_GRACE, self._abandon, cell)
         elif cell.mode == "actor":
-            cell.actor.interrupt.remote(cell_id)
-            ray.cancel(cell.refs[0], force=False)
+            if cell.refs:
+                ray.cancel(cell.refs[0], force=False)  # a cell still queued never starts
+            cell.interrupting = asyncio.ensure_future(self._interrupt_actor(cell))
+            self.loop.call_later(CANCEL_GRACE, self._abandon, cell)
         else:
             for ref in cell.refs if cell.mode == "map" else cell.refs[:1]:
                 ray.cancel(ref, force=False)
             self.loop.call_later(CANCEL_GRACE, self._force_cancel, cell)
         return True
+
+    async def _interrupt_actor(self, cell: RunningCell) -> None:
+        try:
+            where = await cell.where
+            if where["node_id"] == self.node_id:
+                interrupt_process(where["pid"], where["flag"], cell.cell_id)
+            else:
+                strategy = NodeAffinitySchedulingStrategy(where["node_id"], soft=False)
+                await interrupt_actor_cell.options(scheduling_strategy=strategy).remote(
+                    where["pid"], where["flag"], cell.cell_id
+                )
+        except Exception:  # the actor is gone: its cell ends by itself
+            log.exception("could not interrupt cell %s in actor %s", cell.cell_id, cell.actor)
+
+    def _abandon(self, cell: RunningCell) -> None:
+        if cell.cell_id in self.running and not cell.abandoned.done():
+            cell.abandoned.set_result(None)
+
+    def _would_not_stop(self, cell: RunningCell) -> RemoteFailure:
+        """The failure of an actor or driver cell that ignored its interrupt."""
+        if cell.mode == "actor":
+            message = (
+                f"the remote work was cancelled ({cell.cancelled}), but it did not stop within {CANCEL_GRACE:g} s: "
+                f"actor `{cell.actor}` is busy in code that does not see interrupts (a blocking C call, or "
+                "signals blocked). It goes on running there, and later cells of this actor wait behind it; "
+                f"`jc.current().kill_actor({cell.actor!r})` stops it (and loses the actor's namespace)."
+            )
+        else:
+            message = (
+                f"the remote work was cancelled ({cell.cancelled}), but it did not stop within {CANCEL_GRACE:g} s: "
+                "the driver cell is busy in code that does not see interrupts. It goes on running on the head, "
+                "and later --driver cells wait behind it; `%cluster down` stops the agent."
+            )
+        return _interrupted(cell.cancelled, message)
 
     def _force_cancel(self, cell: RunningCell) -> None:
         if cell.cell_id in self.running:
@@ -516,54 +556,31 @@ class CellRunner:
                     pass
 
     # --------------------------------------------------------------- objects
-    async def put(self, blob: Pickled) -> tuple[str, dict[str, Any]]:
-        value = await self.loop.run_in_executor(None, blob.load)
-        ref = ray.put(value)
-        handle_id = f"put/{ref.hex()}"
-        self.objects[handle_id] = ref
-        return handle_id, {**describe(value), "nbytes": blob.nbytes, "node": node_ip()}
-
-    async def get(self, handle_id: str) -> Pickled:
-        """The object as it travels to the kernel: its large buffers straight from the object store."""
-        value = await (await self.object_ref(handle_id))
-        if isinstance(value, Pickled):
-            return value
-        return await self.loop.run_in_executor(None, Pickled.of, value, cloudpickle.dumps)
-
-    async def wait(self, handle_ids: list[str], num_returns: int, timeout: float | None) -> list[str]:
-        refs = {await self.object_ref(h): h for h in handle_ids}
-        ready, _ = await self.loop.run_in_executor(
-            None, lambda: ray.wait(list(refs), num_returns=num_returns, timeout=timeout, fetch_local=False)
-        )
-        return [refs[r] for r in ready]
-
     async def submit(self, request: dict[str, Any]) -> str:
         options = request.get("options", {})
-        self.check_feasible(self.resource_request(options, 1))
-        args = await self.resolve_inputs(request["inputs"])
-        fn = args.pop(0)
-        ref = self._remote(run_function, 1, self.ray_options(options)).remote(fn, *args)
+        self.cluster.check_feasible(options)
+        sources = request.get("sources", ())
+        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(sources))
+        label = request.get("label", "jc.submit")
+        ref = self._remote(run_function, 1, task_options(options)).remote(label, sources, *args)
         handle_id = f"{request['id']}/result"
-        self.objects[handle_id] = ref
+        self.table.add(handle_id, ref)
         return handle_id
-
-    async def describe_object(self, handle_id: str) -> dict[str, Any]:
-        value = await (await self.object_ref(handle_id))
-        info, _ = package_value(unwrap(value), 0)
-        return info.meta
-
-    def release(self, handle_ids: list[str]) -> None:
-        for handle_id in handle_ids:
-            self.objects.pop(handle_id, None)
 
     # ---------------------------------------------------------------- status
     async def status(self) -> dict[str, Any]:
-        nodes = self.nodes(max_age=0)
+        nodes = self.cluster.nodes(max_age=0)
         available = await self.loop.run_in_executor(None, ray.available_resources)
+        busy = {c.actor: c.cell_id for c in self.running.values() if c.mode == "actor"}
         actors = {}
-        for name, actor in self.actors.items():
+        for name, record in self.actors.items():
+            if name in busy:  # it runs one cell at a time: asking it now would wait for that cell
+                actors[name] = {"name": name, "names": record.names, "running": busy[name]}
+                continue
             try:
-                actors[name] = await asyncio.wait_for(asyncio.ensure_future(actor.describe.remote()), 5)
+                info = await asyncio.wait_for(asyncio.ensure_future(record.handle.describe.remote()), 5)
+                record.names = info["names"]
+                actors[name] = info
             except Exception as exc:
                 actors[name] = {"name": name, "error": str(exc)}
         return {
@@ -588,20 +605,29 @@ class CellRunner:
                 for c in self.running.values()
             ],
             "actors": actors,
-            "objects": len(self.objects),
+            "objects": len(self.table),
             "ray": ray.__version__,
         }
 
 
-def _interrupted(reason: str) -> RemoteFailure:
+def _items(spec: CellSpec, first: int, chunk: list[Any]) -> str:
+    """How a failure names the items of one chunk of a ``--map``."""
+    if len(chunk) == 1:
+        shown = repr(chunk[0])
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return f"item {first} of --map ({spec.map_name} = {shown}) did not finish:"
+    return f"one of items {first}–{first + len(chunk) - 1} of --map did not finish:"
+
+
+def _interrupted(reason: str, message: str = "") -> RemoteFailure:
     return RemoteFailure(
         type_name="KeyboardInterrupt",
         module="builtins",
-        message=f"the remote work was cancelled ({reason})",
+        message=message or f"the remote work was cancelled ({reason})",
         frames=[],
         exception=None,
         interrupted=True,
     )
 
 
-__all__ = ["CellRequestError", "CellRunner", "OutputInfo"]
+__all__ = ["CellRequestError", "CellRunner"]

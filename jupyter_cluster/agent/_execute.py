@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
-import ctypes
+import dataclasses
 import functools
 import hashlib
 import io
@@ -35,6 +35,7 @@ except ImportError:  # a head without it: Ray carries its own copy
     from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 
 from ._protocol import Pickled
+from ._sources import ModuleSource
 
 #: Where output goes: ``sink(index, batch)``, batches numbered from 0 (a relay may
 #: reorder them); each item is ``(kind, data)`` with kind ``"stdout"``, ``"stderr"``
@@ -42,16 +43,6 @@ from ._protocol import Pickled
 Sink = Callable[[int, list[tuple[str, Any]]], None]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def interrupt_thread(ident: int) -> bool:
-    """Raise KeyboardInterrupt in thread ``ident`` at its next Python instruction.
-
-    How a running cell is interrupted where no signal can reach it (an actor's
-    thread, the agent's driver thread); a C call blocking that thread ends first.
-    """
-    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
-    return bool(done == 1)
 
 
 def cell_filename(source: str) -> str:
@@ -74,6 +65,8 @@ class CellSpec:
     threshold: int = 1 << 20
     map_name: str | None = None
     relay: str = ""  # the name of the agent's output relay actor
+    label: str = ""  # how the notebook names the cell ("Cell In[5]")
+    sources: tuple[ModuleSource, ...] = ()  # modules of the notebook's own, as source
 
 
 @dataclass
@@ -95,6 +88,38 @@ class RemoteFailure:
     frames: list[tuple[str, int, str, str]]
     exception: bytes | None
     interrupted: bool = False
+    #: Where it was raised, when that is another cell than the one failing with it: an
+    #: upstream whose output this cell read (its label and source), and that input's name.
+    origin: str = ""
+    origin_source: str = ""
+    via: str = ""
+
+
+@dataclass
+class FailedValue:
+    """What each output of a failed cell holds: a cell that reads one fails with
+    the original error, before it runs (never with ``None`` in its place)."""
+
+    failure: RemoteFailure
+
+
+def failed_outputs(spec: CellSpec, failure: RemoteFailure) -> list[Any]:
+    """The values a failed cell's outputs take: its failure, named after the cell that raised it."""
+    if not failure.origin:
+        failure = dataclasses.replace(failure, origin=spec.label or spec.cell_id, origin_source=spec.source, via="")
+    marker = FailedValue(failure)
+    return [marker] * len(spec.outputs)
+
+
+def upstream_failure(spec: CellSpec, values: tuple[Any, ...]) -> RemoteFailure | None:
+    """The failure of an upstream cell that one of these input values carries, if any."""
+    for name, value in zip(spec.inputs, values, strict=False):
+        found = value if isinstance(value, FailedValue) else None
+        if found is None and isinstance(value, (list, tuple)):
+            found = next((v for v in value if isinstance(v, FailedValue)), None)
+        if found is not None:
+            return dataclasses.replace(found.failure, via=name)
+    return None
 
 
 @dataclass
@@ -232,12 +257,15 @@ def _safe_repr(obj: Any, limit: int = 10_000) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def type_name(value: Any) -> str:
+    """``numpy.ndarray``, ``dict``: a value's type as a handle's repr shows it."""
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
 def describe(value: Any) -> dict[str, Any]:
     """Type, shape, dtype and size of a value, for a handle's repr."""
-    cls = type(value)
-    meta: dict[str, Any] = {"type": f"{cls.__module__}.{cls.__qualname__}"}
-    if cls.__module__ == "builtins":
-        meta["type"] = cls.__qualname__
+    meta: dict[str, Any] = {"type": type_name(value)}
     shape = getattr(value, "shape", None)
     if isinstance(shape, tuple) and all(isinstance(n, int) for n in shape):
         meta["shape"] = list(shape)
@@ -287,7 +315,8 @@ def package_value(value: Any, threshold: int) -> tuple[OutputInfo, Any]:
         # Ray objects (ObjectRefs, remote functions, actor handles) mean nothing without
         # Ray, and the kernel never imports it: they stay on the cluster behind a handle.
         return OutputInfo("remote", meta={**describe(value), "nbytes": len(data)}), value
-    return OutputInfo("inline", data=data), value
+    # The type travels too: if the notebook cannot load the value, its handle says what it is.
+    return OutputInfo("inline", data=data, meta={"type": type_name(value)}), value
 
 
 #: A pickle that imports a module of Ray's: SHORT_BINUNICODE "ray" or "ray.…", memoized.

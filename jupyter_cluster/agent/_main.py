@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -113,30 +114,35 @@ def init_ray(args: argparse.Namespace) -> None:
 
 
 def handlers(runner: Any, server: Any) -> dict[str, Any]:
+    table = runner.table
+
     async def run_cell(body: dict[str, Any], session: Any, emit: Any) -> None:
         await runner.run_cell(body, emit)
 
     async def cancel(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", runner.cancel(body["cell_id"]), final=True)
 
+    async def kill_actor(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", runner.kill_actor(body["name"]), final=True)
+
     async def put(body: dict[str, Any], session: Any, emit: Any) -> None:
-        emit("done", await runner.put(body["value"]), final=True)
+        emit("done", await table.put(body["value"]), final=True)
 
     async def get(body: dict[str, Any], session: Any, emit: Any) -> None:
-        emit("done", await runner.get(body["handle"]), final=True)
+        emit("done", await table.get(body["handle"]), final=True)
 
     async def wait(body: dict[str, Any], session: Any, emit: Any) -> None:
-        ready = await runner.wait(body["handles"], body["num_returns"], body.get("timeout"))
+        ready = await table.wait(body["handles"], body["num_returns"], body.get("timeout"))
         emit("done", ready, final=True)
 
     async def submit(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", await runner.submit(body), final=True)
 
     async def describe(body: dict[str, Any], session: Any, emit: Any) -> None:
-        emit("done", await runner.describe_object(body["handle"]), final=True)
+        emit("done", await table.describe(body["handle"]), final=True)
 
     async def release(body: dict[str, Any], session: Any, emit: Any) -> None:
-        runner.release(body["handles"])
+        table.release(body["handles"])
         emit("done", None, final=True)
 
     async def status(body: dict[str, Any], session: Any, emit: Any) -> None:
@@ -154,6 +160,7 @@ def handlers(runner: Any, server: Any) -> dict[str, Any]:
         "cancel": cancel,
         "describe": describe,
         "get": get,
+        "kill_actor": kill_actor,
         "ping": ping,
         "put": put,
         "release": release,
@@ -183,7 +190,9 @@ async def watch(server: Any, args: argparse.Namespace) -> None:
                 await server.stop()
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
+    """Serve the socket until told to stop. Driver cells go to ``driver`` (the main
+    thread's); ``stop`` receives the callable that stops the server from any thread."""
     from ._cells import CellRunner
     from ._server import AgentServer
 
@@ -193,19 +202,53 @@ async def serve(args: argparse.Namespace) -> None:
     if not secret:
         raise SystemExit("no session secret (JUPYTER_CLUSTER_SECRET or --secret-file): refusing to serve")
     loop = asyncio.get_running_loop()
-    runner = CellRunner(loop)
+    runner = CellRunner(loop, driver)
     server = AgentServer(args.socket, secret, {})
     server.handlers.update(handlers(runner, server))
     server.started = time.monotonic()  # type: ignore[attr-defined]
     await server.start()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.stop()))
+    stop.append(lambda: loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.stop())))
     import ray
 
     announce({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__})
     watcher = asyncio.ensure_future(watch(server, args))
     await server.stopped.wait()
     watcher.cancel()
+
+
+def run(args: argparse.Namespace) -> None:
+    """Serve on a thread of its own, and run driver cells on this (the main) thread,
+    where an interrupt reaches them even inside a blocking call."""
+    from ._interrupt import MainThreadCells
+
+    driver = MainThreadCells()
+    stop: list[Any] = []
+    failed: list[BaseException] = []
+
+    def loop_thread() -> None:
+        try:
+            asyncio.run(serve(args, driver, stop))
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            driver.close()
+            # A driver cell that ignores its interrupt must not keep the agent alive.
+            deadline = threading.Timer(10.0, os._exit, (0,))
+            deadline.daemon = True
+            deadline.start()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop:
+            stop[0]()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    thread = threading.Thread(target=loop_thread, name="agent-loop", daemon=True)
+    thread.start()
+    driver.serve()
+    thread.join()
+    if failed:
+        raise failed[0]
 
 
 def announce(state: dict[str, Any], socket_path: str | None = None) -> None:
@@ -250,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
         announce({"ready": False, "error": f"{type(exc).__name__}: {exc}"}, args.socket)
         raise SystemExit(1) from exc
     try:
-        asyncio.run(serve(args))
+        run(args)
     finally:
         import ray
 

@@ -14,7 +14,6 @@ import asyncio
 import importlib
 import os
 import pickle
-import threading
 from typing import Any
 
 import ray
@@ -23,12 +22,17 @@ from ._execute import (
     CellOutcome,
     CellOutput,
     CellSpec,
+    FailedValue,
     OutputInfo,
+    failed_outputs,
+    failure_from,
     fresh_namespace,
-    interrupt_thread,
     run_in_namespace,
     unwrap,
+    upstream_failure,
 )
+from ._interrupt import MainThreadCells, interrupt_process
+from ._sources import ModuleSource, install_sources
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -43,12 +47,31 @@ def node_ip() -> str:
 
 
 def bind_inputs(spec: CellSpec, ns: dict[str, Any], values: tuple[Any, ...]) -> None:
-    """Put a cell's inputs into ``ns``: modules by name, the rest as given."""
+    """Put a cell's inputs into ``ns``: the notebook's own modules first (values may be
+    made of their classes), then modules by name, then the values as given."""
+    install_sources(spec.sources)
     ns.setdefault("ray", ray)
     for name, module in spec.modules.items():
         ns[name] = importlib.import_module(module)
     for name, value in zip(spec.inputs, values, strict=True):
         ns[name] = unwrap(value)
+
+
+def run_cell_in(
+    spec: CellSpec, ns: dict[str, Any], values: tuple[Any, ...], output: CellOutput
+) -> tuple[CellOutcome, list[Any]]:
+    """Bind the inputs and run the cell in ``ns``. A cell that reads the output of a
+    failed cell does not run: it fails with that cell's error. The outputs of a failed
+    cell carry its failure to the cells that read them."""
+    failure = upstream_failure(spec, values)
+    if failure is not None:
+        outcome = CellOutcome(failure=failure, node=node_ip())
+    else:
+        bind_inputs(spec, ns, values)
+        outcome, exported = run_in_namespace(spec, ns, output, node_ip())
+    if outcome.failure is not None:
+        exported = failed_outputs(spec, outcome.failure)
+    return outcome, exported
 
 
 _relays: dict[str, Any] = {}
@@ -73,11 +96,7 @@ def _returns(outcome: CellOutcome, values: list[Any]) -> Any:
 def run_cell_task(spec_bytes: bytes, *values: Any) -> Any:
     """One cell as one Ray task; returns ``(outcome bytes, *exported values)``."""
     spec: CellSpec = pickle.loads(spec_bytes)
-    ns = fresh_namespace()
-    bind_inputs(spec, ns, values)
-    outcome, exported = run_in_namespace(spec, ns, CellOutput(_relay_sink(spec)), node_ip())
-    if outcome.failure is not None:
-        exported = [None] * len(spec.outputs)
+    outcome, exported = run_cell_in(spec, fresh_namespace(), values, CellOutput(_relay_sink(spec)))
     return _returns(outcome, exported)
 
 
@@ -94,13 +113,12 @@ def run_map_chunk(spec_bytes: bytes, chunk: int, items: list[Any], *values: Any)
     assert spec.map_name is not None
     for item in items:
         ns = fresh_namespace()
-        bind_inputs(spec, ns, values)
         ns[spec.map_name] = item
-        outcome, exported = run_in_namespace(spec, ns, output, node_ip())
+        outcome, exported = run_cell_in(spec, ns, values, output)
         refs: list[Any] = []
         for name, value in zip(spec.outputs, exported, strict=False):
-            info = outcome.outputs[name]
-            refs.append(ray.put(value) if info.kind == "remote" else None)
+            info = outcome.outputs.get(name)
+            refs.append(ray.put(value) if info is not None and info.kind == "remote" else None)
         results.append((outcome, refs))
         if outcome.failure is not None:
             break
@@ -109,42 +127,62 @@ def run_map_chunk(spec_bytes: bytes, chunk: int, items: list[Any], *values: Any)
 
 
 @ray.remote
-def run_function(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``jc.submit``: call a notebook function on the cluster."""
-    return unwrap(fn)(*(unwrap(a) for a in args), **kwargs)
+def run_function(label: str, sources: tuple[ModuleSource, ...], fn: Any, *args: Any) -> Any:
+    """``jc.submit``: call a notebook function on the cluster. An argument from a failed
+    cell is passed on as it is, and a raise becomes this call's :class:`FailedValue`:
+    whatever reads the result fails with the error, and its frames, not Ray's."""
+    install_sources(sources)
+    values = [unwrap(a) for a in args]
+    failed = next((v for v in values if isinstance(v, FailedValue)), None)
+    if failed is not None:
+        return failed
+    try:
+        return unwrap(fn)(*values)
+    except Exception as exc:
+        failure = failure_from(exc, "", "")
+        failure.origin = label
+        return FailedValue(failure)
 
 
-@ray.remote(concurrency_groups={"cells": 1, "control": 1})  # type: ignore[call-overload]
+@ray.remote
 class CellNamespace:
-    """A named actor holding a persistent namespace; cells run in it one at a time."""
+    """A named actor holding a persistent namespace; cells run in it one at a time.
+
+    A plain (single-threaded) actor on purpose: its cells run on the actor process's
+    main thread, where a signal interrupts even a blocking call (see
+    :mod:`._interrupt`). Ray's own cancel only sets a flag for a running actor task.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.ns = fresh_namespace()
-        self.running: dict[str, int] = {}
+        self.cells = MainThreadCells()
 
-    @ray.method(concurrency_group="cells")
+    def where(self) -> dict[str, Any]:
+        """Where to send an interrupt: the process, its node, its flag file."""
+        node_id = ray.get_runtime_context().get_node_id()
+        return {"pid": os.getpid(), "node_id": node_id, "flag": self.cells.flag, "node": node_ip()}
+
     def run(self, spec_bytes: bytes, *values: Any) -> Any:
         spec: CellSpec = pickle.loads(spec_bytes)
-        self.running[spec.cell_id] = threading.get_ident()
+        output = CellOutput(_relay_sink(spec))
         try:
-            bind_inputs(spec, self.ns, values)
-            outcome, exported = run_in_namespace(spec, self.ns, CellOutput(_relay_sink(spec)), node_ip())
-        finally:
-            del self.running[spec.cell_id]
-        if outcome.failure is not None:
-            exported = [None] * len(spec.outputs)
+            with self.cells.running(spec.cell_id):
+                outcome, exported = run_cell_in(spec, self.ns, values, output)
+        except KeyboardInterrupt as exc:  # an interrupt that landed just outside the cell's code
+            failure = failure_from(exc, spec.source, spec.cell_id)
+            outcome, exported = CellOutcome(failure=failure, node=node_ip()), failed_outputs(spec, failure)
         return _returns(outcome, exported)
 
-    @ray.method(concurrency_group="control")
-    def interrupt(self, cell_id: str) -> bool:
-        ident = self.running.get(cell_id)
-        return ident is not None and interrupt_thread(ident)
-
-    @ray.method(concurrency_group="control")
     def describe(self) -> dict[str, Any]:
         names = sorted(k for k in self.ns if not k.startswith("__") and k != "display")
-        return {"name": self.name, "node": node_ip(), "names": names, "running": list(self.running)}
+        return {"name": self.name, "node": node_ip(), "names": names}
+
+
+@ray.remote(num_cpus=0)
+def interrupt_actor_cell(pid: int, flag: str, cell_id: str) -> bool:
+    """Interrupt ``cell_id`` in the actor process ``pid`` (run on that actor's node)."""
+    return interrupt_process(pid, flag, cell_id)
 
 
 @ray.remote(num_cpus=0)
@@ -178,8 +216,9 @@ __all__ = [
     "OutputInfo",
     "OutputRelay",
     "bind_inputs",
-    "interrupt_thread",
+    "interrupt_actor_cell",
     "node_ip",
+    "run_cell_in",
     "run_cell_task",
     "run_function",
     "run_map_chunk",

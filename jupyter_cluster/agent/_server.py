@@ -214,10 +214,10 @@ class AgentServer:
             body["id"] = request_id
             await handler(body, session, emit)
         except Exception as exc:
-            from ._cells import CellRequestError
+            from ._objects import CellRequestError
 
             if isinstance(exc, CellRequestError):
-                emit("error", {"message": str(exc)}, final=True)
+                emit("error", {"message": str(exc), "failure": exc.failure}, final=True)
             else:
                 log.exception("request %s (%s) failed", request_id, op)
                 detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -1,0 +1,143 @@
+"""The objects a notebook holds handles to, by handle id.
+
+Each entry is one of: a Ray ``ObjectRef``; an ``asyncio.Future`` for an output of a
+cell still running that will resolve to one (a later cell, or ``jc.get``, waits on
+it); or a :class:`Deferred` value of a driver cell, put in the object store only if
+someone asks for it. A failed cell's outputs resolve to a :class:`FailedValue`, so
+whatever reads one fails with that cell's error. ``jc.put/get/wait/submit`` are
+served here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    import cloudpickle
+except ImportError:  # a head without it: Ray carries its own copy
+    from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
+import ray
+
+from ._execute import FailedValue, Pickled, RemoteFailure, describe, package_value, unwrap
+from ._remote import node_ip
+
+
+class CellRequestError(Exception):
+    """A request the agent refuses; the message goes to the notebook as it is.
+
+    ``failure`` is set when the request failed because a cell failed (reading the
+    output of a failed cell, say): the notebook then shows that cell's error.
+    """
+
+    def __init__(self, message: str, failure: RemoteFailure | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+@dataclass
+class Deferred:
+    """A driver cell's output, put in the object store when first asked for."""
+
+    value: Any
+
+
+class ObjectTable:
+    """Handle ids to objects, for every notebook attached to this agent."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.objects)
+
+    def add(self, handle_id: str, held: Any) -> None:
+        self.objects[handle_id] = held
+
+    def pending(self, handle_id: str) -> asyncio.Future[Any]:
+        """An entry for an output not made yet; :meth:`settle` gives it its object."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.objects[handle_id] = future
+        return future
+
+    def settle(self, handle_id: str, held: Any) -> None:
+        """Give a pending entry its object (an ObjectRef or a Deferred value)."""
+        future = self.objects.get(handle_id)
+        if isinstance(future, asyncio.Future):
+            if not future.done():
+                future.set_result(held)
+            self.objects[handle_id] = held
+
+    def fail(self, handle_id: str, failure: RemoteFailure) -> None:
+        """Settle a pending entry with a cell's failure (anything that reads it fails so)."""
+        future = self.objects.get(handle_id)
+        if isinstance(future, asyncio.Future) and not future.done():
+            self.settle(handle_id, Deferred(FailedValue(failure)))
+
+    async def object_ref(self, handle_id: str) -> Any:
+        """The ObjectRef for ``handle_id`` (waiting for a cell still running)."""
+        held = self.objects.get(handle_id)
+        if held is None:
+            raise CellRequestError(
+                f"the cluster no longer holds object {handle_id} (it was released, or the "
+                "agent restarted); run the cell that made it again"
+            )
+        if isinstance(held, asyncio.Future):
+            held = await asyncio.shield(held)
+        if isinstance(held, Deferred):
+            held = ray.put(held.value)
+            if handle_id in self.objects:
+                self.objects[handle_id] = held
+        return held
+
+    async def _fetch(self, handle_id: str) -> Any:
+        """The object behind ``handle_id`` as Ray holds it; a failure to compute it, said in one line."""
+        ref = await self.object_ref(handle_id)
+        try:
+            value = await ref
+        except ray.exceptions.RayError as exc:  # the task that computes it did not finish
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, ray.exceptions.WorkerCrashedError):
+                first = "the worker process computing it died (it exited, crashed or was killed)"
+            raise CellRequestError(f"the value of {handle_id} was never made: {first}") from None
+        if isinstance(value, FailedValue):
+            failure = value.failure
+            raise CellRequestError(f"{failure.origin or 'the cell'} failed: {failure.message}", failure)
+        return value
+
+    async def value(self, handle_id: str) -> Any:
+        return unwrap(await self._fetch(handle_id))
+
+    def release(self, handle_ids: list[str]) -> None:
+        for handle_id in handle_ids:
+            self.objects.pop(handle_id, None)
+
+    # ------------------------------------------------ jc.put / get / wait
+    async def put(self, blob: Pickled) -> tuple[str, dict[str, Any]]:
+        value = await asyncio.get_running_loop().run_in_executor(None, blob.load)
+        ref = ray.put(value)
+        handle_id = f"put/{ref.hex()}"
+        self.objects[handle_id] = ref
+        return handle_id, {**describe(value), "nbytes": blob.nbytes, "node": node_ip()}
+
+    async def get(self, handle_id: str) -> Pickled:
+        """The object as it travels to the kernel: its large buffers straight from the object store."""
+        value = await self._fetch(handle_id)
+        if isinstance(value, Pickled):
+            return value
+        return await asyncio.get_running_loop().run_in_executor(None, Pickled.of, value, cloudpickle.dumps)
+
+    async def wait(self, handle_ids: list[str], num_returns: int, timeout: float | None) -> list[str]:
+        refs = {await self.object_ref(h): h for h in handle_ids}
+        ready, _ = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: ray.wait(list(refs), num_returns=num_returns, timeout=timeout, fetch_local=False)
+        )
+        return [refs[r] for r in ready]
+
+    async def describe(self, handle_id: str) -> dict[str, Any]:
+        info, _ = package_value(await self.value(handle_id), 0)
+        return info.meta
+
+
+__all__ = ["CellRequestError", "Deferred", "ObjectTable"]
