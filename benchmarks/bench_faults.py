@@ -10,7 +10,8 @@ cluster. Side by side in one run:
   and ``--driver`` cell. Also ``--actor --timeout 1``: the reply's delay past 1 s.
 - **Output traffic.** A cell printing N lines in the foreground sends them as stream
   messages; the same cell with ``--async`` sends display updates to its own area.
-  The figure is bytes of messages per byte printed, for both.
+  The figure is bytes of messages, for both: once printed as fast as it goes, once
+  trickling (N/20 lines, one every 10 ms), where each update carries a live tail.
 
 Run: ``python benchmarks/bench_faults.py [--rounds 5] [--lines 20000]``.
 """
@@ -97,8 +98,8 @@ def interrupts(kernel: Client, rounds: int) -> dict[str, float]:
     return medians
 
 
-def traffic(kernel: Client, lines: int) -> dict[str, float]:
-    body = f"for i in range({lines}):\n    print('line', i)\n"
+def traffic(kernel: Client, lines: int, pause: float = 0.0) -> dict[str, float]:
+    body = f"import time\nfor i in range({lines}):\n    print('line', i)\n    time.sleep({pause})\n"
     printed = sum(len(f"line {i}\n") for i in range(lines))
     foreground = kernel.ok("%%remote\n" + body)
     streamed = sum(len(json.dumps(m["content"])) for m in foreground if m["msg_type"] == "stream")
@@ -134,11 +135,13 @@ def main() -> None:
         print(f"{'interrupt to reply (median s)':44s} {'seconds':>8s} {'vs local':>9s}")
         for name, seconds in stop.items():
             print(f"{name:44s} {seconds:8.3f} {seconds / floor:9.1f}")
-        sent = traffic(kernel, args.lines)
-        print(f"\n{args.lines:,} lines printed ({sent['printed'] / 1e6:.2f} MB):")
-        print(f"  foreground cell, stream messages: {sent['foreground'] / 1e6:.2f} MB")
-        print(f"  --async cell, {sent['updates']} display updates: {sent['async'] / 1e6:.2f} MB")
-        print(f"  ratio --async / foreground: {sent['async'] / sent['foreground']:.2f}")
+        for lines, pause in ((args.lines, 0.0), (args.lines // 20, 0.01)):
+            sent = traffic(kernel, lines, pause)
+            how = "at once" if not pause else f"one every {pause * 1000:.0f} ms"
+            print(f"\n{lines:,} lines printed {how} ({sent['printed'] / 1e6:.3f} MB):")
+            print(f"  foreground cell, stream messages: {sent['foreground'] / 1e6:.3f} MB")
+            print(f"  --async cell, {sent['updates']} display updates: {sent['async'] / 1e6:.3f} MB")
+            print(f"  ratio --async / foreground: {sent['async'] / sent['foreground']:.2f}")
         kernel.ok("%cluster down", timeout=120)
     finally:
         kernel.close()

@@ -30,6 +30,7 @@ from ._errors import (
     MissingOutputError,
     RemoteError,
     RequestError,
+    WaitTimeoutError,
     WorkerDiedError,
 )
 from ._handles import ObjectHandle
@@ -121,6 +122,7 @@ __all__ = [
     "RemoteError",
     "RemoteRepr",
     "RequestError",
+    "WaitTimeoutError",
     "WorkerDiedError",
     "connect",
     "current",

@@ -18,7 +18,14 @@ from typing import Any
 
 from ._analysis import analyse_cell
 from ._cell import RemoteCell
-from ._errors import AgentLostError, ClusterConnectionError, InputError, RequestError, remote_error
+from ._errors import (
+    AgentLostError,
+    ClusterConnectionError,
+    InputError,
+    RequestError,
+    WaitTimeoutError,
+    remote_error,
+)
 from ._handles import ObjectHandle, parse_size
 from ._inputs import InputLedger, pickle_value
 from ._link import AgentLink, UnixTransport
@@ -325,7 +332,7 @@ class Cluster:
         if handle.cluster is not None and handle.cluster is not self:
             return handle.cluster.get(handle, timeout)
         if not handle.wait(timeout):
-            raise TimeoutError(f"`{handle.name or handle.id}` was not ready within {timeout} s")
+            raise WaitTimeoutError(f"`{handle.name or handle.id}` was not ready within {timeout} s")
         if handle.has_local_value:
             return handle.local_value
         self._check_reachable(handle)

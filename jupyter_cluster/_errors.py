@@ -55,6 +55,10 @@ class LinkLostError(ClusterConnectionError):
         self.resume = resume
 
 
+class WaitTimeoutError(ClusterError, TimeoutError):
+    """A wait with a timeout ran out: a handle not ready, or the agent silent."""
+
+
 class RequestError(ClusterError):
     """The agent refused or failed a request; the message says why."""
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from ._errors import AgentLostError, ClusterConnectionError, LinkLostError, RequestError
+from ._errors import AgentLostError, ClusterConnectionError, LinkLostError, RequestError, WaitTimeoutError
 from .agent._protocol import PROTOCOL_VERSION, Frame, FrameWriter, dumps, loads, read_frame, write_frame
 
 log = logging.getLogger("jupyter_cluster")
@@ -451,8 +451,8 @@ class AgentLink:
         pending = self.request(op, body)
         try:
             return pending.future.result(timeout)
-        except concurrent.futures.TimeoutError as exc:
-            raise TimeoutError(f"the agent did not answer {op!r} within {timeout} s") from exc
+        except concurrent.futures.TimeoutError:
+            raise WaitTimeoutError(f"the agent did not answer {op!r} within {timeout} s") from None
 
     def drop_connection(self) -> None:
         """Close the current connection as a network failure would (the link reconnects)."""

@@ -57,7 +57,8 @@ T = TypeVar("T")
 
 #: Inputs smaller than this travel inline with the task instead of via ray.put.
 INLINE_INPUT = 100 * 1024
-#: Seconds the agent's loop may wait in place for a result that is nearly there.
+#: Seconds the agent's loop may wait in place for a result that is nearly there: an
+#: await costs a hop through Ray's callback thread, as long again as a quick cell.
 FAST_PATH = 0.003
 #: Seconds a cancelled cell gets to stop by itself: then a task's worker is killed, and
 #: an actor or driver cell that did not stop is reported at once (it cannot be killed alone).
@@ -265,9 +266,10 @@ class CellRunner:
             if timer is not None:
                 timer.cancel()
             self.running.pop(spec.cell_id, None)
-            if outputs:  # those not settled yet will never have a value: they carry the failure
+            unsettled = [h for h in outputs if self.table.is_pending(h)]
+            if unsettled:  # they will never have a value: they carry the failure
                 marker = failed_outputs(spec, failure or _request_failure(spec, "the cell ended without a result"))
-                for handle_id in outputs:
+                for handle_id in unsettled:
                     self.table.fail(handle_id, marker[0].failure)
 
     @staticmethod
@@ -276,15 +278,6 @@ class CellRunner:
         # holds them) or shows progress; a trivial cell is spared the extra message.
         if cell.mode == "map" or any(kind in ("value", "parts") for _, kind, _ in request["inputs"]):
             cell.emit("started", info)
-
-    async def _result(self, ref: Any) -> Any:
-        """The value of ``ref``: a quick cell's result is waited for right here (an
-        await costs a hop through Ray's callback thread, as long again as the call),
-        a slower one asynchronously."""
-        try:
-            return ray.get(ref, timeout=FAST_PATH)
-        except ray.exceptions.GetTimeoutError:
-            return await ref
 
     async def _unless_abandoned(self, cell: RunningCell, awaitable: Awaitable[T]) -> T | None:
         """``await awaitable``, or None once the cell is given up on (it would not stop)."""
@@ -299,12 +292,15 @@ class CellRunner:
 
     async def _finish(self, cell: RunningCell, envelope: Any) -> CellOutcome:
         try:
-            if cell.mode == "actor":
-                raw = await self._unless_abandoned(cell, self._result(envelope))
-                if raw is None:
-                    return CellOutcome(failure=self._would_not_stop(cell))
-            else:
-                raw = await self._result(envelope)
+            try:
+                raw = ray.get(envelope, timeout=FAST_PATH)  # a quick cell: its result in place
+            except ray.exceptions.GetTimeoutError:
+                if cell.mode == "actor":  # an actor cell may ignore its interrupt: don't wait for ever
+                    raw = await self._unless_abandoned(cell, envelope)
+                    if raw is None:
+                        return CellOutcome(failure=self._would_not_stop(cell))
+                else:
+                    raw = await envelope
             outcome: CellOutcome = pickle.loads(raw)
         except ray.exceptions.RayError as exc:
             stopped = (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError)

@@ -61,6 +61,9 @@ class ObjectTable:
         self.objects[handle_id] = future
         return future
 
+    def is_pending(self, handle_id: str) -> bool:
+        return isinstance(self.objects.get(handle_id), asyncio.Future)
+
     def settle(self, handle_id: str, held: Any) -> None:
         """Give a pending entry its object (an ObjectRef or a Deferred value)."""
         future = self.objects.get(handle_id)
