@@ -342,8 +342,16 @@ class Cluster:
         self, handles: Sequence[ObjectHandle], num_returns: int = 1, timeout: float | None = None
     ) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
         """Like ``ray.wait``: ``(ready, not_ready)`` once ``num_returns`` are ready."""
+        handles = list(handles)
+        if not handles:
+            return [], []
+        wrong = [f"item {i} is a {type(h).__name__}" for i, h in enumerate(handles) if not isinstance(h, ObjectHandle)]
+        if wrong:
+            raise InputError(
+                f"jc.wait takes handles (what jc.submit, jc.put and --async cells give); {', '.join(wrong[:3])}"
+            )
         if not 0 < num_returns <= len(handles):
-            raise ValueError(f"num_returns must be between 1 and {len(handles)} (got {num_returns})")
+            raise InputError(f"num_returns must be between 1 and {len(handles)} (got {num_returns})")
         for handle in handles:
             self._check_reachable(handle)
         ids = [h.id for h in handles]
@@ -395,7 +403,7 @@ class Cluster:
         >>> jc.current().kill_actor("trainer")  # doctest: +SKIP
         """
         if not self._call("kill_actor", {"name": name}):
-            raise ValueError(f"this cluster has no actor named {name!r}")
+            raise RequestError(f"this cluster has no actor named {name!r} (`%cluster status` lists them)")
 
     def _release(self, handle_id: str) -> None:
         with self._release_lock:

@@ -61,7 +61,11 @@ class ClusterStatus:
             lines.append(f"    {cell['cell_id']} ({cell['mode']}{progress}, {cell['elapsed']:.1f} s)")
         lines.append(f"  actors: {len(data['actors'])}")
         for name, actor in data["actors"].items():
-            detail = actor.get("error") or f"on {actor.get('node')}, names: {', '.join(actor.get('names', [])) or '-'}"
+            names = ", ".join(actor.get("names", [])) or "-"
+            if actor.get("running"):  # busy: it answers once its cell is done
+                detail = f"running cell {actor['running']}; names before it: {names}"
+            else:
+                detail = actor.get("error") or f"on {actor.get('node')}, names: {names}"
             lines.append(f"    {name}: {detail}")
         return "\n".join(lines)
 

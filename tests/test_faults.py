@@ -313,6 +313,21 @@ def test_the_python_api_reports_failures_as_cells_do(kernel: Kernel) -> None:
     assert reply["ename"] == "ZeroDivisionError" and "`sq`" in error_text(messages)
 
 
+def test_wrong_arguments_to_the_python_api_are_one_line_errors(kernel: Kernel) -> None:
+    assert result(kernel.ok("jc.wait([])")) == "([], [])"
+    kernel.ok("%%remote --async\nimport time\ntime.sleep(30)\nlate = 1")
+    for code, ename, words in (
+        ("jc.wait([jc.put(1), 7])", "InputError", "item 1 is a int"),
+        ("jc.get(late, timeout=0.2)", "WaitTimeoutError", "not ready within 0.2 s"),
+        ("jc.current().kill_actor('nobody')", "RequestError", "no actor named 'nobody'"),
+    ):
+        reply, messages = kernel.execute(code)
+        shown = error_text(messages)
+        assert reply["ename"] == ename and words in shown, (code, reply, shown)
+        _short(shown, 1)
+    kernel.ok("jc.current().cells[late.id.split('/')[0]].cancel()")
+
+
 # 6. Waits on a handle whose cluster is gone --------------------------------------------
 def test_waiting_on_a_handle_of_a_stopped_cluster_ends_at_once(kernel: Kernel) -> None:
     kernel.ok("%%remote --async\nimport time\ntime.sleep(120)\nslow = 1")

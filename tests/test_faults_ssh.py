@@ -97,6 +97,23 @@ def test_a_failed_upstream_fails_its_readers_on_the_head(head: jc.Cluster) -> No
         head.run_cell("d = u + 1", namespace=ns)
 
 
+def test_a_wait_on_a_detached_session_ends_at_once_and_resumes(head: jc.Cluster, sshd_server: SSHServer) -> None:
+    cell = head.run_cell("import time\ntime.sleep(3)\nlater = 'kept'", pending_handles=True)
+    handle = cell.handles["later"]
+    head.disconnect()
+    start = time.monotonic()
+    with pytest.raises(jc.ClusterConnectionError, match=f"session {head.session} is detached.*--session"):
+        handle.wait()
+    assert time.monotonic() - start < 2
+    again = jc.connect(
+        f"{sshd_server.user}@{sshd_server.host}:{sshd_server.port}",
+        session=head.session,
+        identity=str(sshd_server.identity),
+        known_hosts=str(sshd_server.known_hosts),
+    )
+    assert again is head and handle.wait(60) and jc.get(handle) == "kept"
+
+
 def test_handles_of_a_stopped_head_fail_at_once(sshd_server: SSHServer) -> None:
     cluster = jc.connect(
         f"{sshd_server.user}@{sshd_server.host}:{sshd_server.port}",

@@ -150,3 +150,20 @@ def test_imports_in_a_map_cell_do_not_become_lists(shell: Any) -> None:
     assert remote(shell, "import math\nr = math.sqrt(v)", "--map v in [4, 9]").success
     assert shell.user_ns["r"] == [2.0, 3.0]
     assert shell.user_ns["math"].sqrt(16) == 4.0
+
+
+def test_status_answers_at_once_while_an_actor_is_busy(cluster: jc.Cluster) -> None:
+    assert cluster.run_cell("ready = 1", mode="actor", actor="busy").result(60)
+    assert "names: ray, ready" in str(cluster.status())  # what it held, asked while it was idle
+    cell = cluster.run_cell("import time\ntime.sleep(30)", mode="actor", actor="busy")
+    deadline = time.monotonic() + 30
+    while cell.cell_id not in str(cluster.status()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    start = time.monotonic()
+    status = cluster.status()
+    assert time.monotonic() - start < 3, "status waited for the busy actor"
+    assert status.data is not None and status.data["actors"]["busy"]["running"] == cell.cell_id
+    assert f"running cell {cell.cell_id}; names before it: ray, ready" in str(status)
+    cell.cancel()
+    with pytest.raises(KeyboardInterrupt):
+        cell.result(30)
