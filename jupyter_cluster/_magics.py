@@ -231,8 +231,13 @@ class ClusterMagics(Magics):
             if outcome is None or outcome.failure is not None:
                 continue
             for name, info in outcome.outputs.items():
-                if info.kind == "inline":
+                if info.kind != "inline":
+                    continue
+                try:
                     self.shell.user_ns[name] = cloudpickle.loads(info.data)
+                except Exception as exc:  # its class lives only on the cluster, say
+                    print(f"Warning: `{name}` cannot be loaded in the notebook ({exc})", file=sys.stderr)
+                else:
                     bound.append(name)
         if cluster.missed:
             names = ", ".join(bound) or "nothing"

@@ -26,16 +26,15 @@ from .sshd import SSHServer, free_port, sshd_server  # noqa: F401 (fixtures)
 pytestmark = pytest.mark.timeout(300)
 
 
+def _connect(server: SSHServer, **options: Any) -> jc.Cluster:
+    target = f"{server.user}@{server.host}:{server.port}"
+    return jc.connect(target, identity=str(server.identity), known_hosts=str(server.known_hosts), **options)
+
+
 @pytest.fixture(scope="module")
 def head(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
     previous = jc.current()
-    cluster = jc.connect(
-        f"{sshd_server.user}@{sshd_server.host}:{sshd_server.port}",
-        start_head=True,
-        port=free_port(),
-        identity=str(sshd_server.identity),
-        known_hosts=str(sshd_server.known_hosts),
-    )
+    cluster = _connect(sshd_server, start_head=True, port=free_port())
     try:
         yield cluster
     finally:
@@ -105,23 +104,12 @@ def test_a_wait_on_a_detached_session_ends_at_once_and_resumes(head: jc.Cluster,
     with pytest.raises(jc.ClusterConnectionError, match=f"session {head.session} is detached.*--session"):
         handle.wait()
     assert time.monotonic() - start < 2
-    again = jc.connect(
-        f"{sshd_server.user}@{sshd_server.host}:{sshd_server.port}",
-        session=head.session,
-        identity=str(sshd_server.identity),
-        known_hosts=str(sshd_server.known_hosts),
-    )
+    again = _connect(sshd_server, session=head.session)
     assert again is head and handle.wait(60) and jc.get(handle) == "kept"
 
 
 def test_handles_of_a_stopped_head_fail_at_once(sshd_server: SSHServer) -> None:
-    cluster = jc.connect(
-        f"{sshd_server.user}@{sshd_server.host}:{sshd_server.port}",
-        start_head=True,
-        port=free_port(),
-        identity=str(sshd_server.identity),
-        known_hosts=str(sshd_server.known_hosts),
-    )
+    cluster = _connect(sshd_server, start_head=True, port=free_port())
     cell = cluster.run_cell("import time\ntime.sleep(120)\nslow = 1", pending_handles=True)
     stored = cluster.put([1, 2, 3])
     cluster.down()

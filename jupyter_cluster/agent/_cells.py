@@ -124,6 +124,7 @@ class CellRunner:
         self.running: dict[str, RunningCell] = {}
         self.inputs: dict[str, tuple[str, Any]] = {}
         self.actors: dict[str, ActorRecord] = {}
+        self.killed: set[str] = set()  # actors killed on request: their cells say so
         self.driver_ns = fresh_namespace()
         self.driver_ns["ray"] = ray
         self._remotes: dict[Any, Any] = {}
@@ -317,8 +318,9 @@ class CellRunner:
         if isinstance(exc, ray.exceptions.RayActorError):
             name = cell.actor
             self.actors.pop(name, None)
+            how = "was killed (kill_actor)" if name in self.killed else "died"
             message = (
-                f"{what} actor `{name}` died while running it, and its namespace with it "
+                f"{what} actor `{name}` {how} before it ended, and its namespace with it "
                 f"(the next `--actor {name}` cell starts a fresh one)."
             )
         else:
@@ -367,6 +369,7 @@ class CellRunner:
                 name=f"cell-namespace:{name}", get_if_exists=True, **ray_options(options)
             ).remote(name)
             record = self.actors[name] = ActorRecord(handle, handle.where.remote())
+            self.killed.discard(name)
         return record
 
     def kill_actor(self, name: str) -> bool:
@@ -376,6 +379,7 @@ class CellRunner:
             handle = record.handle if record is not None else ray.get_actor(f"cell-namespace:{name}")
         except ValueError:
             return False
+        self.killed.add(name)
         ray.kill(handle, no_restart=True)
         return True
 
