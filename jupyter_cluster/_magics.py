@@ -330,7 +330,7 @@ class ClusterMagics(Magics):
                 retries=args.retries,
                 timeout=args.timeout,
                 pending_handles=args.run_async,
-                label=f"Cell In[{shell.execution_count}]",
+                label=f"Cell In[{_cell_number(shell)}]",
             )
         except SyntaxError as exc:
             raise CellSourceError(exc) from None
@@ -457,6 +457,15 @@ def _bind_in_place(cell: RemoteCell, ns: dict[str, Any], previous: dict[str, Any
             ns[name] = outputs[name]
         elif name in previous:
             ns[name] = previous[name]
+
+
+def _cell_number(shell: Any) -> int:
+    """The ``In[n]`` of the cell running now. IPython 9 counts it before running the cell and
+    IPython 8 after, but both store its input in the history first."""
+    history = getattr(shell, "history_manager", None)
+    if history is not None and history.input_hist_raw:
+        return len(history.input_hist_raw) - 1
+    return int(shell.execution_count)
 
 
 def _link_message(data: dict[str, Any]) -> str:
