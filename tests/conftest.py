@@ -50,6 +50,21 @@ def remote(ip: Any, body: str, options: str = "") -> Any:
 
 
 @pytest.fixture
+def sent_ops(cluster: jc.Cluster, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ops of the requests this test sends to the agent (releases of earlier tests' handles aside)."""
+    ops: list[str] = []
+    send = cluster._link.request
+
+    def request(op: str, *args: Any, **kwargs: Any) -> Any:
+        if op != "release":
+            ops.append(op)
+        return send(op, *args, **kwargs)
+
+    monkeypatch.setattr(cluster._link, "request", request)
+    return ops
+
+
+@pytest.fixture
 def tmp_marker(tmp_path: Any) -> str:
     """A file path the cluster's workers can write (same machine)."""
     path = tmp_path / "marker"
