@@ -3,8 +3,8 @@
 :class:`CellRunner` turns a request into Ray calls (a task, an actor method, a map
 of chunk tasks, or code in the agent's own driver namespace on its main thread),
 registers each output in the :class:`ObjectTable` the moment the cell is accepted
-(so a later cell can depend on it at once), pumps printed output from the relay
-actor to the right cell, and stops work on interrupt or timeout. A cell never
+(so a later cell can depend on it at once), sends each its printed output (see
+:mod:`._output`), and stops work on interrupt or timeout. A cell never
 fails with a Ray error: a worker that died, an actor that died or work that will
 not stop each becomes the cell's own one-line failure. Everything a request
 produces goes out through an ``emit`` callback, which the server turns into
@@ -17,7 +17,6 @@ import asyncio
 import concurrent.futures
 import logging
 import math
-import os
 import pickle
 import time
 from collections.abc import Awaitable, Callable
@@ -39,9 +38,9 @@ from ._execute import (
 )
 from ._interrupt import MainThreadCells, interrupt_process
 from ._objects import CellRequestError, Deferred, ObjectTable
+from ._output import CellStreams, OutputPump
 from ._remote import (
     CellNamespace,
-    OutputRelay,
     interrupt_actor_cell,
     run_cell_in,
     run_cell_task,
@@ -79,10 +78,7 @@ class RunningCell:
     interrupting: asyncio.Future[None] | None = None  # an actor cell's interrupt on its way
     cancelled: str = ""
     abandoned: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    chunks: int = 0
-    early: dict[tuple[int, int], list[tuple[str, Any]]] = field(default_factory=dict)
-    following: dict[int, int] = field(default_factory=dict)
-    chunk_event: asyncio.Event = field(default_factory=asyncio.Event)
+    streams: CellStreams | None = None
     started: float = field(default_factory=time.time)
     done_items: int = 0
     total_items: int = 1
@@ -119,8 +115,7 @@ class CellRunner:
         self.table = ObjectTable()
         self.cluster = ClusterResources()
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.relay_name = f"jupyter-cluster-relay-{os.getpid()}"
-        self.relay = self._start_relay()
+        self.output = OutputPump(loop, self.node_id)
         self.running: dict[str, RunningCell] = {}
         self.inputs: dict[str, tuple[str, Any]] = {}
         self.actors: dict[str, ActorRecord] = {}
@@ -128,52 +123,12 @@ class CellRunner:
         self.driver_ns = fresh_namespace()
         self.driver_ns["ray"] = ray
         self._remotes: dict[Any, Any] = {}
-        self._pump = loop.create_task(self._pump_output())
 
-    # ----------------------------------------------------------------- output
-    def _start_relay(self) -> Any:
-        return OutputRelay.options(  # type: ignore[attr-defined]
-            name=self.relay_name,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
-        ).remote()
-
-    async def _pump_output(self) -> None:
-        while True:
-            try:
-                batches = await self.relay.pull.remote()
-            except Exception:  # the relay died: make another, keep going
-                log.exception("output relay failed; restarting it")
-                self.relay = self._start_relay()
-                await asyncio.sleep(0.1)
-                continue
-            for cell_id, stream, index, batch in batches:
-                self._deliver(cell_id, stream, index, batch)
-
-    def _deliver(self, cell_id: str, stream: int, index: int, batch: list[tuple[str, Any]]) -> None:
-        cell = self.running.get(cell_id)
-        if cell is None:
-            return
-        cell.early[stream, index] = batch
-        following = cell.following.get(stream, 0)
-        while (stream, following) in cell.early:  # in the order the cell wrote them
-            cell.emit("stream", cell.early.pop((stream, following)))
-            following += 1
-            cell.chunks += 1
-        cell.following[stream] = following
-        cell.chunk_event.set()
-
-    async def _await_chunks(self, cell: RunningCell, count: int, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while cell.chunks < count:
-            cell.chunk_event.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                log.warning("cell %s: %d output batches never arrived", cell.cell_id, count)
-                return
-            try:
-                await asyncio.wait_for(cell.chunk_event.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
+    @staticmethod
+    async def _output_of(cell: RunningCell, batches: int, timeout: float = 10.0) -> None:
+        """Wait until the ``batches`` of output the cell's workers sent have gone out."""
+        if cell.streams is not None:
+            await cell.streams.wait_for(batches, timeout)
 
     def _remote(self, fn: Any, num_returns: int, options: dict[str, Any]) -> Any:
         key = (fn, num_returns, repr(sorted(options.items())))
@@ -233,6 +188,7 @@ class CellRunner:
         if spec.cell_id in self.running:
             raise CellRequestError(f"cell {spec.cell_id} is already running")
         cell = RunningCell(spec.cell_id, mode, emit, spec, options)
+        cell.streams = self.output.open(spec.cell_id, emit)
         self.running[spec.cell_id] = cell
         # Registered before anything is awaited: a cell sent right after this one may read them.
         outputs = [f"{spec.cell_id}/{name}" for name in spec.outputs]
@@ -267,6 +223,7 @@ class CellRunner:
             if timer is not None:
                 timer.cancel()
             self.running.pop(spec.cell_id, None)
+            self.output.close(spec.cell_id)
             unsettled = [h for h in outputs if self.table.is_pending(h)]
             if unsettled:  # they will never have a value: they carry the failure
                 marker = failed_outputs(spec, failure or _request_failure(spec, "the cell ended without a result"))
@@ -309,7 +266,7 @@ class CellRunner:
                 outcome = CellOutcome(failure=_interrupted(cell.cancelled))
             else:
                 outcome = CellOutcome(failure=self._lost(cell, exc, f"{cell.spec.label or 'the cell'} did not finish:"))
-        await self._await_chunks(cell, outcome.chunks_sent, 1.0 if cell.cancelled else 10.0)
+        await self._output_of(cell, outcome.chunks_sent, 1.0 if cell.cancelled else 10.0)
         return outcome
 
     def _lost(self, cell: RunningCell, exc: BaseException, what: str) -> RemoteFailure:
@@ -338,7 +295,7 @@ class CellRunner:
         return RemoteFailure("WorkerDiedError", "jupyter_cluster._errors", message, [], None)
 
     def _spec_bytes(self, spec: CellSpec) -> bytes:
-        spec.relay = self.relay_name
+        spec.relay = self.output.name
         return pickle.dumps(spec, protocol=5)
 
     async def _run_task(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
@@ -470,9 +427,9 @@ class CellRunner:
         if failure is not None:
             for ref in cell.refs:
                 ray.cancel(ref, force=False)
-            await self._await_chunks(cell, chunks_sent, 1.0)
+            await self._output_of(cell, chunks_sent, 1.0)
             return {"outcome": CellOutcome(failure=failure), "handles": {}}
-        await self._await_chunks(cell, chunks_sent)
+        await self._output_of(cell, chunks_sent)
         outcomes = [o for chunk in results for o, _ in (chunk or [])]
         handles: dict[str, str] = {}
         for j, name in enumerate(spec.outputs):
