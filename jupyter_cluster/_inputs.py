@@ -72,7 +72,7 @@ class InputLedger:
         ledger's cluster cannot reach, before anything is sent."""
         if handle.error is not None:
             raise failed_input(name, handle.error, reader)
-        if self.owner is not None:
+        if self.owner is not None and not handle.has_local_value:  # a value here travels as a value
             self.owner._check_reachable(handle)
 
     def prepare(self, names: list[str], namespace: dict[str, Any], reader: str = "the cell") -> ShippedInputs:

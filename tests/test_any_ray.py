@@ -13,6 +13,7 @@ import secrets
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -158,14 +159,19 @@ def test_the_token_of_a_started_head_is_where_rays_tools_look(sshd_server: SSHSe
         assert stat.S_IMODE(TOKEN_FILE.stat().st_mode) == 0o600
         assert TOKEN_FILE.read_text().strip() == cluster.started.token
         environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-        status = subprocess.run(
-            [RAY, "status", "--address", cluster.started.address],
-            capture_output=True,
-            text=True,
-            env={**environ, "RAY_AUTH_MODE": "token"},
-            timeout=120,
-        )
-        assert status.returncode == 0 and "Resources" in status.stdout, status.stderr[-1500:]
+        deadline = time.monotonic() + 60
+        while True:  # Ray's monitor publishes the first status a few seconds after the head starts
+            status = subprocess.run(
+                [RAY, "status", "--address", cluster.started.address],
+                capture_output=True,
+                text=True,
+                env={**environ, "RAY_AUTH_MODE": "token"},
+                timeout=120,
+            )
+            if "No cluster status" not in status.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert status.returncode == 0 and "Resources" in status.stdout, status.stdout + status.stderr[-1500:]
         started = cluster.started
         script = (
             "import jupyter_cluster as jc\n"

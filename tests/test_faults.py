@@ -331,7 +331,11 @@ def test_wrong_arguments_to_the_python_api_are_one_line_errors(kernel: Kernel) -
 # 6. Waits on a handle whose cluster is gone --------------------------------------------
 def test_waiting_on_a_handle_of_a_stopped_cluster_ends_at_once(kernel: Kernel) -> None:
     kernel.ok("%%remote --async\nimport time\ntime.sleep(120)\nslow = 1")
+    # A handle whose value already came back (what a name bound to an --async output holds).
+    kernel.ok("kept = jc.current().run_cell('small = 5', pending_handles=True).handles['small']\njc.get(kept)")
+    assert text(kernel.ok("print(type(kept).__name__)")).strip() == "ObjectHandle"
     kernel.ok("%cluster down\n%cluster local --cpus 2", timeout=180)
+    assert result(kernel.ok("%%remote\nkept + 1")) == "6", "a value already in the notebook travels as a value"
     for code in ("jc.get(slow)", "slow.wait()", "jc.wait([slow])"):
         start = time.monotonic()
         reply, messages = kernel.execute(code, timeout=60)

@@ -85,7 +85,10 @@ def test_late_output_goes_to_its_own_cell(kernel: Kernel) -> None:
     }
     display_ids.discard(None)
     assert display_ids, "an --async cell opens a display area of its own"
-    reply, second = kernel.execute("import time\ntime.sleep(3)\nprint('second cell')")
+    # The next cell runs while the first one ends: it waits for it, then a moment for its area's last update.
+    reply, second = kernel.execute(
+        "import time, jupyter_cluster as jc\njc.get(late)\ntime.sleep(0.5)\nprint('second cell')"
+    )
     assert reply["status"] == "ok"
     assert "late output" not in _text(second), "late output leaked into the running cell"
     updates = [m for m in second if m["msg_type"] == "update_display_data"]
