@@ -1,0 +1,110 @@
+"""One node's state, read from Ray's own Prometheus endpoint, and what changed since last time.
+
+Every Ray node serves its metrics as Prometheus text on ``MetricsExportPort`` (see
+``ray.nodes()``): about 230 KB in some 100 families on an idle node. Only the families
+a dashboard draws are kept, line by line, before anything is parsed; those few are
+parsed with ``prometheus_client``'s parser and summed into one flat
+:class:`NodeSample`. Names and labels are those of Ray's reporter agent and its own
+dashboard panels (``ray/dashboard/modules/reporter/reporter_agent.py``,
+``ray/dashboard/modules/metrics/dashboards/default_dashboard_panels.py``); GPU memory
+is recorded in MB although declared as bytes, as Ray's panels assume. A dashboard
+needs only what changed: :func:`changes` gives that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+#: The families drawn, and nothing else.
+FAMILIES = (
+    "ray_node_cpu_utilization",
+    "ray_node_mem_used",
+    "ray_node_mem_total",
+    "ray_node_gpus_utilization",
+    "ray_node_gram_used",
+    "ray_node_gram_available",
+    "ray_object_store_memory",
+    "ray_resources",
+    "ray_tasks",
+    "ray_actors",
+)
+_PREFIXES = tuple(f"{name}{{" for name in FAMILIES) + tuple(f"{name} " for name in FAMILIES)
+_MB = 1 << 20
+
+NodeSample = dict[str, Any]
+
+
+def keep_drawn(text: str) -> str:
+    """The lines of ``text`` that belong to the drawn families (samples, and their ``# TYPE``)."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith(_PREFIXES) or (line.startswith("# TYPE ") and line.split(" ", 3)[2] in FAMILIES):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def summarize(text: str) -> NodeSample:
+    """One node's state from its metrics text: CPU %, memory, object store by location and
+    its capacity, each GPU, tasks and actors by state, and logical resources (used, total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    node: NodeSample = {"store": {}, "gpus": {}, "tasks": {}, "actors": {}, "resources": {}}
+    for family in text_string_to_metric_families(keep_drawn(text)):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, float(sample.value)
+            if name == "ray_node_cpu_utilization":
+                node["cpu"] = value
+            elif name == "ray_node_mem_used":
+                node["mem_used"] = value
+            elif name == "ray_node_mem_total":
+                node["mem_total"] = value
+            elif name == "ray_object_store_memory":
+                location = labels.get("Location", "")
+                node["store"][location] = node["store"].get(location, 0.0) + value
+            elif name == "ray_resources":
+                used, total = node["resources"].get(labels.get("Name", ""), (0.0, 0.0))
+                if labels.get("State") == "USED":
+                    used += value
+                total += value
+                node["resources"][labels.get("Name", "")] = (used, total)
+            elif name in ("ray_tasks", "ray_actors"):
+                states = node[name[4:]]
+                states[labels.get("State", "")] = states.get(labels.get("State", ""), 0.0) + value
+            elif name.startswith(("ray_node_gpus_", "ray_node_gram_")):
+                gpu = node["gpus"].setdefault(labels.get("GpuIndex", "0"), {"name": labels.get("GpuDeviceName", "")})
+                if name == "ray_node_gpus_utilization":
+                    gpu["utilization"] = value
+                elif name == "ray_node_gram_used":
+                    gpu["memory_used"] = value * _MB
+                else:
+                    gpu["memory_available"] = value * _MB
+    node["store_used"] = sum(node["store"].values())
+    node["store_total"] = node["resources"].get("object_store_memory", (0.0, 0.0))[1]
+    return node
+
+
+def changes(before: NodeSample | None, after: NodeSample) -> NodeSample:
+    """The top-level fields of ``after`` that differ from ``before`` (all of them if there was none)."""
+    if before is None:
+        return dict(after)
+    return {key: value for key, value in after.items() if before.get(key) != value}
+
+
+def totals(nodes: Iterable[NodeSample]) -> NodeSample:
+    """The cluster as one: CPU % (mean over nodes), GPU % (mean over GPUs), object store, tasks and actors."""
+    nodes = list(nodes)
+    gpus = [g.get("utilization", 0.0) for n in nodes for g in n.get("gpus", {}).values()]
+    merged: NodeSample = {"tasks": {}, "actors": {}}
+    for node in nodes:
+        for kind in ("tasks", "actors"):
+            for state, count in node.get(kind, {}).items():
+                merged[kind][state] = merged[kind].get(state, 0.0) + count
+    merged["cpu"] = sum(n.get("cpu", 0.0) for n in nodes) / len(nodes) if nodes else 0.0
+    merged["gpu"] = sum(gpus) / len(gpus) if gpus else None
+    merged["store_used"] = sum(n.get("store_used", 0.0) for n in nodes)
+    merged["store_total"] = sum(n.get("store_total", 0.0) for n in nodes)
+    return merged
+
+
+__all__ = ["FAMILIES", "NodeSample", "changes", "keep_drawn", "summarize", "totals"]

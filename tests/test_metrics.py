@@ -1,0 +1,64 @@
+"""Reading one node's state from Ray's Prometheus text (no cluster needed).
+
+``ray_metrics_idle.txt`` was recorded from an idle embedded cluster (Ray 2.60, 2 CPUs) and
+cut to the drawn families plus a few others; ``ray_metrics_gpu.txt`` is written by hand
+with the names and labels Ray's reporter agent emits for GPUs (no GPU is here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jupyter_cluster.agent._metrics import changes, keep_drawn, summarize, totals
+
+DATA = Path(__file__).parent / "data"
+IDLE = (DATA / "ray_metrics_idle.txt").read_text()
+GPU = (DATA / "ray_metrics_gpu.txt").read_text()
+
+
+def test_only_the_drawn_families_are_kept_before_parsing() -> None:
+    assert "ray_grpc_server" in IDLE
+    kept = keep_drawn(IDLE)
+    assert "ray_grpc_server" not in kept
+    assert kept.count("ray_node_cpu_utilization{") == 1 and "# TYPE ray_resources gauge" in kept
+
+
+def test_an_idle_node() -> None:
+    node = summarize(IDLE)
+    assert node["cpu"] == 0.0
+    assert node["mem_total"] == pytest.approx(2.5276502016e10) and node["mem_used"] == pytest.approx(4.67673088e8)
+    assert node["store_used"] == 0.0 and node["store_total"] == pytest.approx(7.503395635e9)
+    assert node["resources"]["CPU"] == (0.0, 2.0)
+    assert node["gpus"] == {} and node["tasks"] == {}
+
+
+def test_gpus_tasks_and_actors() -> None:
+    node = summarize(GPU)
+    assert node["cpu"] == 63.5
+    first = node["gpus"]["0"]
+    assert first["name"] == "NVIDIA H100 80GB HBM3" and first["utilization"] == 87.0
+    assert first["memory_used"] == 40960 * 2**20 and first["memory_available"] == 40960 * 2**20  # MB in Ray's text
+    assert node["gpus"]["1"]["utilization"] == 13.0
+    assert node["store"] == {"MMAP_SHM": 1.5e9, "SPILLED": 5.0e8} and node["store_used"] == 2.0e9
+    assert node["store_total"] == 4.0e9 and node["resources"]["GPU"] == (2.0, 2.0)
+    assert node["tasks"] == {"RUNNING": 2.0, "PENDING_NODE_ASSIGNMENT": 3.0, "FINISHED": 10.0}
+    assert node["actors"] == {"ALIVE": 1.0}
+
+
+def test_only_what_changed_is_sent() -> None:
+    before = summarize(IDLE)
+    assert changes(None, before) == before
+    assert changes(before, summarize(IDLE)) == {}
+    cpu = next(line for line in IDLE.splitlines() if line.startswith("ray_node_cpu_utilization{"))
+    busy = summarize(IDLE.replace(cpu, cpu.rsplit(" ", 1)[0] + " 42.0"))
+    assert changes(before, busy) == {"cpu": 42.0}
+
+
+def test_the_cluster_as_one() -> None:
+    cluster = totals([summarize(IDLE), summarize(GPU)])
+    assert cluster["cpu"] == pytest.approx(31.75) and cluster["gpu"] == 50.0
+    assert cluster["store_used"] == 2.0e9 and cluster["store_total"] == pytest.approx(7.503395635e9 + 4.0e9)
+    assert cluster["tasks"]["RUNNING"] == 2.0 and cluster["actors"] == {"ALIVE": 1.0}
+    assert totals([summarize(IDLE)])["gpu"] is None
