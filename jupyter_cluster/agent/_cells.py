@@ -226,9 +226,9 @@ class CellRunner:
             self.output.close(spec.cell_id)
             unsettled = [h for h in outputs if self.table.is_pending(h)]
             if unsettled:  # they will never have a value: they carry the failure
-                marker = failed_outputs(spec, failure or _request_failure(spec, "the cell ended without a result"))
+                marker = failed_outputs(spec, failure or _request_failure(spec, "the cell ended without a result"))[0]
                 for handle_id in unsettled:
-                    self.table.fail(handle_id, marker[0].failure)
+                    self.table.fail(handle_id, marker)
 
     @staticmethod
     def _started(cell: RunningCell, request: dict[str, Any], info: dict[str, Any]) -> None:

@@ -72,11 +72,11 @@ class ObjectTable:
                 future.set_result(held)
             self.objects[handle_id] = held
 
-    def fail(self, handle_id: str, failure: RemoteFailure) -> None:
+    def fail(self, handle_id: str, marker: FailedValue) -> None:
         """Settle a pending entry with a cell's failure (anything that reads it fails so)."""
         future = self.objects.get(handle_id)
         if isinstance(future, asyncio.Future) and not future.done():
-            self.settle(handle_id, Deferred(FailedValue(failure)))
+            self.settle(handle_id, Deferred(marker))
 
     async def object_ref(self, handle_id: str) -> Any:
         """The ObjectRef for ``handle_id`` (waiting for a cell still running)."""
