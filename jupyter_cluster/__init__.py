@@ -97,6 +97,18 @@ def wait(
     return _owner(handles).wait(handles, num_returns, timeout)
 
 
+def dashboard(window: float = 300.0) -> Any:
+    """A live dashboard of the attached cluster: each node's object store, CPU, RAM and
+    GPUs, the cluster over the last ``window`` seconds, tasks and actors by state.
+
+    Sampling runs on the agent only while a dashboard is open; ``dashboard.close()``
+    stops it (when no other dashboard watches) and leaves a static snapshot.
+    """
+    from .widgets import Dashboard
+
+    return Dashboard(_attached(), window=window)
+
+
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext jupyter_cluster``: register the magics."""
     from ._magics import ClusterMagics
@@ -126,6 +138,7 @@ __all__ = [
     "WorkerDiedError",
     "connect",
     "current",
+    "dashboard",
     "get",
     "load_ipython_extension",
     "local",

@@ -137,6 +137,8 @@ def _cluster_parser() -> argparse.ArgumentParser:
     connect.add_argument("--ray-token-file", help="a file holding the Ray cluster's token (token authentication)")
     commands.add_parser("disconnect", help="detach; the agent and its work keep running")
     commands.add_parser("status", help="nodes, resources, cells and actors")
+    dash = commands.add_parser("dashboard", help="a live dashboard of the cluster")
+    dash.add_argument("--window", type=float, default=300.0, help="seconds of history in the time series")
     commands.add_parser("down", help="stop what `local` or `up` started")
     return parser
 
@@ -146,7 +148,7 @@ class ClusterMagics(Magics):
     """The magics; ``%load_ext jupyter_cluster`` registers them."""
 
     @line_magic
-    def cluster(self, line: str) -> None:
+    def cluster(self, line: str) -> Any:
         """Attach to, inspect or stop a cluster: ``%cluster local|status|down``."""
         args = _cluster_parser().parse_args(shlex.split(line))
         if args.command == "local":
@@ -173,6 +175,10 @@ class ClusterMagics(Magics):
             )
         elif args.command == "status":
             print(self._attached().status())
+        elif args.command == "dashboard":
+            from .widgets import Dashboard
+
+            return Dashboard(self._attached(), window=args.window)
         elif args.command == "down":
             stopping = _cluster.current()
             if stopping is None:
@@ -186,7 +192,7 @@ class ClusterMagics(Magics):
             stopping.down()
             print(message)
         else:
-            commands = "local, connect, up, disconnect, status or down"
+            commands = "local, connect, up, disconnect, status, dashboard or down"
             raise UsageError(f"%cluster needs a command: {commands}\n{_cluster_parser().format_usage()}")
 
     def _connect(self, args: argparse.Namespace) -> None:

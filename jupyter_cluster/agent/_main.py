@@ -113,7 +113,7 @@ def init_ray(args: argparse.Namespace) -> None:
     ray.init(**kwargs)
 
 
-def handlers(runner: Any, server: Any) -> dict[str, Any]:
+def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
     table = runner.table
 
     async def run_cell(body: dict[str, Any], session: Any, emit: Any) -> None:
@@ -148,6 +148,13 @@ def handlers(runner: Any, server: Any) -> dict[str, Any]:
     async def status(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", await runner.status(), final=True)
 
+    async def watch_metrics(body: dict[str, Any], session: Any, emit: Any) -> None:
+        await sampler.watch(body["id"], session, emit)
+        emit("done", None, final=True)
+
+    async def unwatch_metrics(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", sampler.unwatch(body["watch"]), final=True)
+
     async def ping(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", body.get("data"), final=True)
 
@@ -168,7 +175,9 @@ def handlers(runner: Any, server: Any) -> dict[str, Any]:
         "shutdown": shutdown,
         "status": status,
         "submit": submit,
+        "unwatch_metrics": unwatch_metrics,
         "wait": wait,
+        "watch_metrics": watch_metrics,
     }
 
 
@@ -194,6 +203,7 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     """Serve the socket until told to stop. Driver cells go to ``driver`` (the main
     thread's); ``stop`` receives the callable that stops the server from any thread."""
     from ._cells import CellRunner
+    from ._sampler import MetricsSampler
     from ._server import AgentServer
 
     secret = os.environ.pop("JUPYTER_CLUSTER_SECRET", "")
@@ -204,7 +214,8 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     loop = asyncio.get_running_loop()
     runner = CellRunner(loop, driver)
     server = AgentServer(args.socket, secret, {})
-    server.handlers.update(handlers(runner, server))
+    sampler = MetricsSampler(loop)
+    server.handlers.update(handlers(runner, server, sampler))
     server.started = time.monotonic()  # type: ignore[attr-defined]
     await server.start()
     stop.append(lambda: loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.stop())))
@@ -214,6 +225,7 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     watcher = asyncio.ensure_future(watch(server, args))
     await server.stopped.wait()
     watcher.cancel()
+    sampler.close()
 
 
 def run(args: argparse.Namespace) -> None:

@@ -1,0 +1,359 @@
+"""The cluster dashboard: each node's load, the cluster over time, tasks and actors.
+
+An ipywidget (``VBox``) holding a header line and one Bokeh layout through
+``jupyter_bokeh``. It draws what :class:`~jupyter_cluster._feed.MetricsFeed` hands it,
+and changes its plots only with ``ColumnDataSource.stream`` (new rows: a node joined, a
+point in time, a task state seen for the first time) and ``patch`` (new values in
+existing rows); a node that leaves is taken off the axis, its rows kept for its return.
+Its mime bundle carries an HTML snapshot beside the widget view, so a notebook read
+without a kernel, or converted to HTML, shows the cluster as it was; ``close()`` stops
+the sampling (when no other dashboard watches) and leaves that snapshot in place.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets
+
+from .._feed import MetricsFeed
+from .._handles import format_size
+from ..agent._metrics import NodeSample, totals
+
+if TYPE_CHECKING:
+    from .._cluster import Cluster
+
+COLORS = {
+    "object store": "#f58518",
+    "CPU": "#4c78a8",
+    "RAM": "#54a24b",
+    "GPU": "#b279a2",
+    "GPU memory": "#9d755d",
+}
+STALE = "#c8c8c8"
+STATES = {"tasks": "#4c78a8", "actors": "#b279a2"}
+
+_bokeh_loaded = False
+_bokeh_lock = threading.Lock()
+
+
+def load_bokeh() -> None:
+    """Put BokehJS in the page, from this machine (no CDN), once per kernel."""
+    global _bokeh_loaded
+    with _bokeh_lock:
+        if _bokeh_loaded:
+            return
+        from bokeh.io import output_notebook
+        from bokeh.resources import INLINE
+
+        output_notebook(resources=INLINE, hide_banner=True)
+        _bokeh_loaded = True
+
+
+def node_rows(node: NodeSample) -> list[tuple[str, float, str]]:
+    """A node's bars: ``(metric, fraction full, label)``."""
+    rows = []
+    used, total = node.get("store_used", 0.0), node.get("store_total", 0.0)
+    rows.append(("object store", _frac(used, total), f"{format_size(used)} / {format_size(total)}"))
+    cpu = node.get("cpu", 0.0)
+    rows.append(("CPU", cpu / 100, f"{cpu:.0f} %"))
+    used, total = node.get("mem_used", 0.0), node.get("mem_total", 0.0)
+    rows.append(("RAM", _frac(used, total), f"{format_size(used)} / {format_size(total)}"))
+    for index in sorted(node.get("gpus", {}), key=_numeric):
+        gpu = node["gpus"][index]
+        util = gpu.get("utilization", 0.0)
+        rows.append((f"GPU {index}", util / 100, f"{util:.0f} % {gpu.get('name', '')}".rstrip()))
+        used = gpu.get("memory_used", 0.0)
+        total = used + gpu.get("memory_available", 0.0)
+        rows.append((f"GPU {index} memory", _frac(used, total), f"{format_size(used)} / {format_size(total)}"))
+    return rows
+
+
+def _numeric(text: str) -> tuple[int, str]:
+    return (int(text), "") if text.isdigit() else (1 << 30, text)
+
+
+def _frac(used: float, total: float) -> float:
+    return max(0.0, min(1.0, used / total)) if total else 0.0
+
+
+def _color(metric: str) -> str:
+    return COLORS["GPU memory"] if metric.endswith("memory") else COLORS.get(metric.split(" ")[0], COLORS["GPU"])
+
+
+def snapshot_html(nodes: dict[str, NodeSample], labels: dict[str, str] | None = None, title: str = "") -> str:
+    """The cluster as one HTML table: what a dashboard shows, without a kernel."""
+    labels = labels or {}
+    head = "".join(f"<th>{h}</th>" for h in ("node", "CPU", "RAM", "object store", "GPUs"))
+    rows = []
+    for node_id, node in nodes.items():
+        gpus = ", ".join(
+            f"{i}: {g.get('utilization', 0):.0f} %, {format_size(g.get('memory_used', 0))}"
+            for i, g in sorted(node.get("gpus", {}).items())
+        )
+        stale = f" <i>(stale: {html.escape(node['stale'])})</i>" if node.get("stale") else ""
+        cells = [
+            html.escape(labels.get(node_id) or str(node.get("address", node_id))) + stale,
+            f"{node.get('cpu', 0):.0f} %",
+            f"{format_size(node.get('mem_used', 0))} / {format_size(node.get('mem_total', 0))}",
+            f"{format_size(node.get('store_used', 0))} / {format_size(node.get('store_total', 0))}",
+            gpus or "-",
+        ]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    cluster = totals(nodes.values())
+    states = []
+    for kind in ("tasks", "actors"):
+        counts = ", ".join(f"{s.lower()} {n:.0f}" for s, n in sorted(cluster[kind].items()) if n) or "none"
+        states.append(f"{kind}: {counts}")
+    title = title or f"Cluster dashboard: {len(nodes)} node(s)"
+    return (
+        f'<div class="jc-dashboard-snapshot"><b>{html.escape(title)}</b>'
+        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f"<div>{html.escape('; '.join(states))}</div></div>"
+    )
+
+
+class Dashboard(ipywidgets.VBox):
+    """A live view of the cluster: per-node bars, the cluster over time, tasks and actors.
+
+    >>> dash = jc.dashboard()      # doctest: +SKIP
+    >>> dash.close()               # doctest: +SKIP
+    """
+
+    def __init__(self, cluster: Cluster, window: float = 300.0, wait: float = 3.0) -> None:
+        from bokeh.layouts import column, row
+        from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, Legend, Range1d
+        from bokeh.plotting import figure
+        from jupyter_bokeh import BokehModel
+
+        load_bokeh()
+        self.cluster = cluster
+        self.window = window
+        self.feed = MetricsFeed.of(cluster)
+        self.labels: dict[str, str] = {}
+        self.closed = False
+        self._token: int | None = None
+        self._rows: dict[str, dict[str, int]] = {}  # node id -> metric -> row index
+        self._state_rows: dict[tuple[str, str], int] = {}
+        self._displays: list[Any] = []
+        self._lock = threading.Lock()
+
+        self.bars = ColumnDataSource({"y": [], "frac": [], "text": [], "color": [], "node": []})
+        self.series = ColumnDataSource({"t": [], "cpu": [], "gpu": [], "store": []})
+        self.states = ColumnDataSource({"y": [], "count": [], "text": [], "color": []})
+
+        self.node_plot = figure(
+            title="Nodes",
+            y_range=FactorRange(factors=[], factor_padding=0.1, group_padding=0.6),
+            x_range=Range1d(0, 1),
+            width=480,
+            height=120,
+            toolbar_location=None,
+            name="nodes",
+        )
+        self.node_plot.hbar(y="y", right="frac", height=0.75, color="color", source=self.bars)
+        self.node_plot.text(x=0.01, y="y", text="text", source=self.bars, text_font_size="9pt", text_baseline="middle")
+        self.node_plot.xaxis.visible = False
+        self.node_plot.ygrid.grid_line_color = None
+
+        self.state_plot = figure(
+            title="Tasks and actors",
+            y_range=FactorRange(factors=[], group_padding=0.6),
+            x_range=DataRange1d(start=0),
+            width=320,
+            height=120,
+            toolbar_location=None,
+            name="states",
+        )
+        self.state_plot.hbar(y="y", right="count", height=0.75, color="color", source=self.states)
+        self.state_plot.text(x=0, y="y", text="text", source=self.states, text_font_size="9pt", text_baseline="middle")
+        self.state_plot.ygrid.grid_line_color = None
+
+        self.time_plot = figure(
+            title=f"Cluster, last {window / 60:g} min (%)",
+            x_axis_type="datetime",
+            x_range=DataRange1d(follow="end", follow_interval=window * 1000, range_padding=0),
+            y_range=Range1d(0, 100),
+            width=800,
+            height=200,
+            toolbar_location=None,
+            name="series",
+        )
+        lines = [
+            ("CPU", self.time_plot.line("t", "cpu", source=self.series, color=COLORS["CPU"], line_width=2)),
+            ("object store", self.time_plot.line("t", "store", source=self.series, color=COLORS["object store"])),
+            ("GPU", self.time_plot.line("t", "gpu", source=self.series, color=COLORS["GPU"], line_width=2)),
+        ]
+        self.time_plot.add_layout(Legend(items=[(n, [r]) for n, r in lines], location="top_left"), "right")
+        self.figures = column(row(self.node_plot, self.state_plot), self.time_plot, name="jupyter-cluster-dashboard")
+        self.plots = BokehModel(self.figures)
+        self.header = ipywidgets.HTML(value=self._header())
+        super().__init__(children=[self.header, self.plots])
+        self.add_class("jupyter-cluster-dashboard")
+
+        for t, cluster_totals in list(self.feed.history)[-int(window) :]:
+            self._stream_point(t, cluster_totals)
+        self._token = self.feed.subscribe(self._on_feed)
+        if self.feed.nodes:
+            self._draw_nodes(set(self.feed.nodes))
+            self._draw_states()
+        elif wait:
+            self.feed.wait_first(wait)  # so the first picture (and the snapshot) has the nodes
+
+    # ------------------------------------------------------------------ feed
+    def _on_feed(self, kind: str, data: Any) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            if kind == "metrics":
+                changed = set(data["nodes"])
+                self._draw_nodes(changed, left=set(data["left"]))
+                self._draw_states()
+                self._stream_point(data["t"], self.feed.totals())
+            self.header.value = self._header(kind, data)
+
+    def _header(self, kind: str = "", data: Any = None) -> str:
+        nodes = self.feed.nodes
+        stale = [self.labels.get(i, i) for i, n in nodes.items() if n.get("stale")]
+        parts = [f"<b>{html.escape(self.cluster.kind)}</b>", f"{len(nodes)} node(s)"]
+        if kind == "link" and isinstance(data, dict) and data.get("state") == "lost":
+            parts.append(f"<span style='color:#c0392b'>link lost ({html.escape(str(data.get('reason')))})</span>")
+        elif kind == "ended":
+            parts.append(f"<span style='color:#c0392b'>stopped: {html.escape(str(data or 'closed'))}</span>")
+        if stale:
+            parts.append(f"<span style='color:#888'>stale: {html.escape(', '.join(stale))}</span>")
+        if self.feed.history:
+            parts.append(time.strftime("updated %H:%M:%S", time.localtime(self.feed.history[-1][0])))
+        return " · ".join(parts)
+
+    def _label(self, node_id: str, node: NodeSample) -> str:
+        label = self.labels.get(node_id)
+        if label is None:
+            label = str(node.get("address", node_id)) + (" (head)" if node.get("head") else "")
+            if label in self.labels.values() or any(
+                n.get("address") == node.get("address") for i, n in self.feed.nodes.items() if i != node_id
+            ):
+                label += f" {node_id[:6]}"
+            self.labels[node_id] = label
+        return label
+
+    def _draw_nodes(self, changed: set[str], left: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        new: dict[str, list[Any]] = {"y": [], "frac": [], "text": [], "color": [], "node": []}
+        patches: dict[str, list[tuple[int, Any]]] = {"frac": [], "text": [], "color": []}
+        size = len(self.bars.data["y"])
+        for node_id in sorted(changed):
+            node = self.feed.nodes.get(node_id)
+            if node is None:
+                continue
+            label = self._label(node_id, node)
+            rows = self._rows.setdefault(node_id, {})
+            stale = node.get("stale")
+            for metric, frac, text in node_rows(node):
+                color = STALE if stale else _color(metric)
+                if stale:
+                    text += " (stale)"
+                index = rows.get(metric)
+                if index is None:
+                    rows[metric] = size + len(new["y"])
+                    for key, value in zip(new, ((label, metric), frac, text, color, node_id), strict=True):
+                        new[key].append(value)
+                else:
+                    patches["frac"].append((index, frac))
+                    patches["text"].append((index, text))
+                    patches["color"].append((index, color))
+        if new["y"]:
+            self.bars.stream(new)
+        if patches["frac"]:
+            self.bars.patch(patches)
+        shown = [
+            (self.labels[i], metric)
+            for i in sorted(self.feed.nodes, key=lambda i: (not self.feed.nodes[i].get("head"), self.labels.get(i, i)))
+            if i in self._rows
+            for metric in self._rows[i]
+        ]
+        if new["y"] or left or list(self.node_plot.y_range.factors) != shown:
+            self.node_plot.y_range.factors = shown
+            self.node_plot.height = 50 + 20 * len(shown) + 12 * len(self.feed.nodes)
+
+    def _draw_states(self) -> None:
+        cluster = totals(self.feed.nodes.values())
+        new: dict[str, list[Any]] = {"y": [], "count": [], "text": [], "color": []}
+        patches: dict[str, list[tuple[int, Any]]] = {"count": [], "text": []}
+        size = len(self.states.data["y"])
+        for kind in ("tasks", "actors"):
+            for state, count in sorted(cluster[kind].items()):
+                key = (kind, state)
+                index = self._state_rows.get(key)
+                text = f"{count:.0f}"
+                if index is None:
+                    if not count:  # a state never seen busy is not worth a row
+                        continue
+                    self._state_rows[key] = size + len(new["y"])
+                    for column, value in zip(new, (key, count, text, STATES[kind]), strict=True):
+                        new[column].append(value)
+                elif self.states.data["count"][index] != count:
+                    patches["count"].append((index, count))
+                    patches["text"].append((index, text))
+            for (k, state), index in self._state_rows.items():  # a state no longer reported is 0
+                if k == kind and state not in cluster[kind] and self.states.data["count"][index] != 0:
+                    patches["count"].append((index, 0))
+                    patches["text"].append((index, "0"))
+        if new["y"]:
+            self.states.stream(new)
+            self.state_plot.y_range.factors = list(self._state_rows)
+            self.state_plot.height = 60 + 20 * len(self._state_rows)
+        if patches["count"]:
+            self.states.patch(patches)
+
+    def _stream_point(self, t: float, cluster: NodeSample) -> None:
+        store = 100 * _frac(cluster["store_used"], cluster["store_total"])
+        gpu = cluster["gpu"] if cluster["gpu"] is not None else float("nan")
+        point = {"t": [t * 1000], "cpu": [cluster["cpu"]], "gpu": [gpu], "store": [store]}
+        self.series.stream(point, rollover=int(self.window) + 1)
+
+    # --------------------------------------------------------------- display
+    def snapshot(self) -> str:
+        """The dashboard as static HTML (what a notebook without a kernel shows)."""
+        return snapshot_html(self.feed.nodes, self.labels, f"{self.cluster.kind}: {len(self.feed.nodes)} node(s)")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = super()._repr_mimebundle_(**kwargs) if not self.closed else {}
+        bundle = dict(bundle or {})
+        bundle["text/html"] = self.snapshot()
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        self._displays.append(display(self._repr_mimebundle_(), raw=True, display_id=True))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "live"
+        return f"<Dashboard of {self.cluster.kind}: {len(self.feed.nodes)} node(s), {state}>"
+
+    def close(self) -> None:
+        """Stop drawing; sampling stops once no dashboard watches. What it showed stays, as a snapshot."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        token = getattr(self, "_token", None)
+        if token is not None:
+            self.feed.unsubscribe(token)
+        final = {"text/html": self.snapshot(), "text/plain": repr(self)}
+        for handle in self._displays:
+            handle.update(final, raw=True)
+        self.plots.close()
+        self.header.close()
+        super().close()
+
+
+def dashboard(cluster: Cluster, window: float = 300.0) -> Dashboard:
+    return Dashboard(cluster, window=window)
+
+
+__all__ = ["Dashboard", "dashboard", "load_bokeh", "node_rows", "snapshot_html"]
