@@ -65,9 +65,11 @@ def map(  # noqa: A001 (the mirror of Ray's API, as jc.map)
     *iterables: Iterable[Any],
     cpus: float | None = None,
     gpus: float | None = None,
+    progress: bool | None = None,
 ) -> list[ObjectHandle]:
-    """One task per element, like ``[f.remote(x) for x in xs]`` (see :meth:`Cluster.map`)."""
-    return _attached().map(fn, *iterables, cpus=cpus, gpus=gpus)
+    """One task per element, like ``[f.remote(x) for x in xs]``, with a progress bar in a
+    notebook (``progress=False``: none; see :meth:`Cluster.map`)."""
+    return _attached().map(fn, *iterables, cpus=cpus, gpus=gpus, progress=progress)
 
 
 def put(value: Any) -> ObjectHandle:
@@ -91,10 +93,14 @@ def get(handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = N
 
 
 def wait(
-    handles: Sequence[ObjectHandle], num_returns: int = 1, timeout: float | None = None
+    handles: Sequence[ObjectHandle],
+    num_returns: int = 1,
+    timeout: float | None = None,
+    progress: bool | None = None,
 ) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
-    """``ray.wait`` from the notebook: ``(ready, not_ready)``."""
-    return _owner(handles).wait(handles, num_returns, timeout)
+    """``ray.wait`` from the notebook: ``(ready, not_ready)``; a long wait on several
+    handles shows a progress bar (``progress=False``: none; see :meth:`Cluster.wait`)."""
+    return _owner(handles).wait(handles, num_returns, timeout, progress)
 
 
 def dashboard(window: float = 300.0) -> Any:

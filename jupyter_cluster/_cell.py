@@ -96,6 +96,11 @@ class RemoteCell:
         self.status = "queued"
         self.submitted = time.time()
         self.progress = (0, 0)
+        #: Where it runs (a node's address), once it has started (``--async`` and ``--map`` cells say).
+        self.node: str | None = None
+        self.running_since: float | None = None
+        #: ``--map``: items whose chunk has started (done ones included).
+        self.started_items = 0
         self.stdout = ""
         self.stderr = ""
         self._shipped = shipped
@@ -187,7 +192,8 @@ class RemoteCell:
     # ---------------------------------------------------------------- events
     def _on_event(self, event: str, data: Any) -> None:
         if event == "started":
-            self.status = "running"
+            if not self.spec.announce:  # else "running" says when it really starts
+                self.status = "running"
             self.cluster._ledger.accepted(self._shipped)
         elif event == "stream":
             for kind, text in data:
@@ -195,6 +201,12 @@ class RemoteCell:
                     self.stdout += text
                 elif kind == "stderr":
                     self.stderr += text
+        elif event == "running":
+            self.status = "running"
+            self.node = data.get("node")
+            self.started_items += int(data.get("items", 1))
+            if self.running_since is None:
+                self.running_since = time.time()
         elif event == "progress":
             self.progress = (data["done"], data["total"])
         elif event == "done":
@@ -203,7 +215,7 @@ class RemoteCell:
         elif event in ("error", "lost"):
             error = data if isinstance(data, BaseException) else RequestError(data.get("message", "failed"), data)
             self._fail(error)
-        if event != "started":  # nothing to show: don't wake a waiting notebook for it
+        if event != "started" and (event != "running" or self.mode == "map"):  # don't wake a waiting notebook
             self._events.put((event, data))
         with self._lock:
             self._history.append((event, data))

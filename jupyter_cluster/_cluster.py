@@ -8,6 +8,7 @@ notebook-side mirror of Ray's core API (``submit``, ``map``, ``put``, ``get``,
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import linecache
 import platform
@@ -238,12 +239,15 @@ class Cluster:
             map_name=map_name,
             label=label,
             sources=tuple(sources),
+            announce=pending_handles or mode == "map",
         )
         body: dict[str, Any] = {"spec": spec, "mode": mode, "options": options, "inputs": shipped.entries}
         if mode == "map":
             body["items"] = pickle_value(f"the --map items of {map_name}", items)
         where = {"task": "task", "actor": f"actor {actor}", "driver": "driver", "map": "map"}[mode]
         cell = RemoteCell(self, spec, mode, shipped, label, where, pending_handles, out_given=out is not None)
+        if mode == "map":
+            cell.progress = (0, len(items))
         self.cells[cell_id] = cell
         cell.add_done_callback(self._forget_cell)
         self._link.request("run_cell", body, cell._on_event)
@@ -312,10 +316,26 @@ class Cluster:
         return ObjectHandle(handle_id, {"type": name}, cluster=self, name=name)
 
     def map(
-        self, fn: Callable[..., Any], *iterables: Iterable[Any], cpus: float | None = None, gpus: float | None = None
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        cpus: float | None = None,
+        gpus: float | None = None,
+        progress: bool | None = None,
     ) -> list[ObjectHandle]:
-        """``[submit(fn, *args) for args in zip(*iterables)]``."""
-        return [self.submit(fn, *args, cpus=cpus, gpus=gpus) for args in zip(*iterables, strict=False)]
+        """``[submit(fn, *args) for args in zip(*iterables)]``.
+
+        In a notebook, a progress bar below the cell follows the calls to the end (done,
+        failed, rate) while the notebook goes on; ``progress=False`` leaves it out.
+        """
+        handles = [self.submit(fn, *args, cpus=cpus, gpus=gpus) for args in zip(*iterables, strict=False)]
+        if handles and _show_progress(progress, len(handles)):
+            from .widgets._progress import ProgressBar
+
+            bar = ProgressBar(len(handles), f"jc.map({getattr(fn, '__name__', 'fn')})", unit="calls")
+            body = {"handles": [h.id for h in handles], "num_returns": len(handles), "timeout": None, "progress": True}
+            self._link.request("wait", body, _bar_events(bar))
+        return handles
 
     def put(self, value: Any) -> ObjectHandle:
         """Store ``value`` in the cluster's object store; return its handle."""
@@ -339,9 +359,18 @@ class Cluster:
         return self._call("get", {"handle": handle.id}, timeout=timeout).load()
 
     def wait(
-        self, handles: Sequence[ObjectHandle], num_returns: int = 1, timeout: float | None = None
+        self,
+        handles: Sequence[ObjectHandle],
+        num_returns: int = 1,
+        timeout: float | None = None,
+        progress: bool | None = None,
     ) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
-        """Like ``ray.wait``: ``(ready, not_ready)`` once ``num_returns`` are ready."""
+        """Like ``ray.wait``: ``(ready, not_ready)`` once ``num_returns`` are ready.
+
+        In a notebook, a wait on several handles that lasts over half a second shows a
+        progress bar (ready and failed of all); ``progress=False`` leaves it out,
+        ``progress=True`` shows it at once.
+        """
         handles = list(handles)
         if not handles:
             return [], []
@@ -356,11 +385,49 @@ class Cluster:
             self._check_reachable(handle)
         ids = [h.id for h in handles]
         answer_timeout = None if timeout is None else timeout + 30
-        ready_ids = set(
-            self._call("wait", {"handles": ids, "num_returns": num_returns, "timeout": timeout}, timeout=answer_timeout)
-        )
+        body = {"handles": ids, "num_returns": num_returns, "timeout": timeout}
+        if _show_progress(progress, len(handles)):
+            ready_ids = set(self._wait_with_bar(body, answer_timeout, delay=0.0 if progress else 0.5))
+        else:
+            ready_ids = set(self._call("wait", body, timeout=answer_timeout))
         ready = [h for h in handles if h.id in ready_ids]
         return ready, [h for h in handles if h.id not in ready_ids]
+
+    def _wait_with_bar(self, body: dict[str, Any], timeout: float | None, delay: float) -> Any:
+        from .widgets._progress import ProgressBar
+
+        seen: list[tuple[str, Any]] = []
+        bar: list[ProgressBar] = []
+        lock = threading.Lock()
+
+        def on_event(event: str, data: Any) -> None:
+            with lock:
+                if not bar:
+                    seen.append((event, data))
+                    return
+            relay(event, data)
+
+        pending = self._link.request("wait", {**body, "progress": True}, on_event)
+        try:
+            return pending.future.result(delay)
+        except concurrent.futures.TimeoutError:
+            pass
+        except RequestError as exc:
+            raise self._failure(exc) from None
+        with lock:
+            bar.append(ProgressBar(len(body["handles"]), "jc.wait", unit="handles"))
+            relay = _bar_events(bar[0], wanted=body["num_returns"])
+            for event, data in seen:
+                relay(event, data)
+        try:
+            return pending.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise WaitTimeoutError(f"the agent did not answer 'wait' within {timeout} s") from None
+        except RequestError as exc:
+            raise self._failure(exc) from None
+        except KeyboardInterrupt:
+            bar[0].finish("cancelled", "interrupted")
+            raise
 
     def _check_reachable(self, handle: ObjectHandle) -> None:
         """Refuse, with the reason, a handle this cluster cannot serve (its own is gone,
@@ -390,10 +457,14 @@ class Cluster:
         try:
             return self._link.call(op, body, timeout)
         except RequestError as exc:
-            failure = exc.detail.get("failure")
-            if failure is None:
-                raise
-            raise remote_error(failure, failure.origin_source, "", failure.origin, "") from None
+            raise self._failure(exc) from None
+
+    @staticmethod
+    def _failure(exc: RequestError) -> BaseException:
+        failure = exc.detail.get("failure")
+        if failure is None:
+            return exc
+        return remote_error(failure, failure.origin_source, "", failure.origin, "")
 
     def kill_actor(self, name: str) -> None:
         """Kill the ``--actor`` namespace ``name`` and whatever it runs (its variables are lost).
@@ -465,6 +536,41 @@ class Cluster:
             stop()
         self.stoppers.clear()
         _forget(self)
+
+
+def _show_progress(progress: bool | None, count: int) -> bool:
+    """Whether to draw a progress bar: as asked, else for several items in a notebook kernel."""
+    if progress is not None:
+        return progress and _in_kernel()
+    return count > 1 and _in_kernel()
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _bar_events(bar: Any, wanted: int | None = None) -> Callable[[str, Any], None]:
+    """Drive ``bar`` from the events of a ``wait`` request with progress."""
+
+    def on_event(event: str, data: Any) -> None:
+        if event == "progress":
+            bar.update(done=data["done"], failed=data["failed"])
+        elif event == "done":
+            ready = len(data)
+            if wanted is not None and ready < wanted:
+                bar.finish("timed out", f"{ready} of the {wanted} waited for are ready")
+            else:
+                bar.finish("done")
+        elif event in ("error", "lost"):
+            message = data.get("message") if isinstance(data, dict) else str(data)
+            bar.finish("failed", str(message).splitlines()[0] if message else "")
+
+    return on_event
 
 
 def _forget(cluster: Cluster) -> None:

@@ -52,11 +52,14 @@ class _CellArea:
     EVERY = 0.25
 
     def __init__(self, cell: RemoteCell) -> None:
+        from .widgets._progress import ProgressBar
+
         self.cell = cell
         self.parts: list[str] = []
         self.size = 0
-        self.state = f"running ({cell.where})"
+        self.state = f"queued ({cell.where})"
         self.final = False
+        self.bar = ProgressBar(cell.progress[1], "--map", show=False) if cell.mode == "map" else None
         self._sent = 0.0
         self._timer: Any = None
         self.handle = _display(self, display_id=True)
@@ -86,9 +89,28 @@ class _CellArea:
         return self._tail(self.TAIL_CHARS, self.TAIL_LINES)
 
     def __repr__(self) -> str:
-        head = f"[{self.cell.label} on the cluster: {self.state}]"
+        head = f"[{self.cell.label} on the cluster: {self.status()}]"
         body = self.text()
         return head + ("\n" + body if body else "")
+
+    def status(self) -> str:
+        if self.bar is not None and not self.final and self.cell.status == "running":
+            return self.bar.text()
+        return self.state
+
+    def _repr_html_(self) -> str:
+        import html
+
+        cell = self.cell
+        color = {"failed": "#c62828", "cancelled": "#757575"}.get(cell.status, "#2e7d32" if cell.done() else "#1565c0")
+        status = self.status().split("\n", 1)
+        label = f"<b>{html.escape(cell.label)}</b>"
+        line = f'{label} on the cluster: <span style="color:{color}">{html.escape(status[0])}</span>'
+        if self.bar is not None and not self.final and cell.status == "running":
+            line = f"{label} " + self.bar.bundle()["text/html"]
+        body = "\n".join(status[1:]) + self.text()
+        pre = f'<pre style="margin:2px 0">{html.escape(body)}</pre>' if body else ""
+        return f'<div class="jc-cell-status jc-{cell.status}">{line}{pre}</div>'
 
     def update(self, now: bool = False) -> None:
         """Redraw, at once or within :attr:`EVERY` s (called on the link's event loop)."""
@@ -350,20 +372,22 @@ class ClusterMagics(Magics):
         return self._run_in_foreground(remote, ns)
 
     def _run_in_foreground(self, cell: RemoteCell, ns: dict[str, Any]) -> Any:
-        progress = None
+        bar = None
+        if cell.mode == "map":
+            from .widgets._progress import ProgressBar
+
+            bar = ProgressBar(cell.progress[1], f"{cell.label} --map")
         try:
             for event, data in cell.events():
                 if event == "stream":
                     _write(data)
                 elif event == "link":
                     print(_link_message(data), file=sys.stderr, flush=True)
-                elif event == "progress" and cell.mode == "map":
-                    text = f"--map: {data['done']}/{data['total']} items done"
-                    if progress is None:
-                        progress = _display({"text/plain": text}, raw=True, display_id=True)
-                    else:
-                        progress.update({"text/plain": text}, raw=True)
+                elif event in ("progress", "running") and bar is not None:
+                    bar.update(done=cell.progress[0], running=cell.started_items - cell.progress[0])
         except KeyboardInterrupt:
+            if bar is not None:
+                bar.finish("cancelled", "interrupted")
             link = cell.cluster._link
             if link.state != "connected":
                 self._interrupted_while_down(cell, ns)
@@ -378,7 +402,16 @@ class ClusterMagics(Magics):
             if isinstance(error, CellInterrupted | RemoteError):
                 raise error from None  # says how it stopped (or why it could not)
             raise CellInterrupted(f"cancelled the remote cell ({cell.label}, {cell.where})") from None
-        result = cell.result()
+        try:
+            result = cell.result()
+        except BaseException as exc:
+            if bar is not None:
+                outcome = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"
+                bar.update(failed=1 if outcome == "failed" else 0)
+                bar.finish(outcome, _first_line(exc))
+            raise
+        if bar is not None:
+            bar.finish("done")
         return self._bind(result, ns)
 
     @staticmethod
@@ -423,16 +456,16 @@ class ClusterMagics(Magics):
                         _display(item, raw=True)
                     else:
                         area.add(item)
-            elif event == "progress":
-                area.state = f"{data['done']}/{data['total']} items done"
-            elif event == "started":
-                area.state = f"running ({cell.where})"
+            elif event in ("progress", "running") and area.bar is not None:
+                area.bar.update(done=cell.progress[0], running=cell.started_items - cell.progress[0])
+            elif event == "running":
+                area.state = _running(cell)
             elif event == "link":
-                area.state = _link_message(data) if data["state"] == "lost" else f"running ({cell.where})"
+                area.state = _link_message(data) if data["state"] == "lost" else _running(cell)
             elif cell.done():
                 area.state = self._finished(cell)
                 area.final = True
-            area.update(now=event not in ("stream", "progress"))
+            area.update(now=event not in ("stream", "progress", "running") or cell.mode != "map")
 
         cell.subscribe(listen)
 
@@ -448,7 +481,24 @@ class ClusterMagics(Magics):
         result = cell.result()
         names = ", ".join(result.outputs) or "nothing"
         warnings = "".join(f"\nWarning: {w}" for w in result.warnings)
-        return f"done in {result.elapsed:.2f} s; bound {names}{warnings}"
+        if cell.mode == "map":
+            total = cell.progress[1]
+            rate = f", {total / result.elapsed:,.1f} items/s" if result.elapsed > 0 else ""
+            return f"{total}/{total} items done in {result.elapsed:.2f} s{rate}; bound {names}{warnings}"
+        where = f" on {cell.node}" if cell.node else ""
+        return f"done in {result.elapsed:.2f} s{where}; bound {names}{warnings}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _running(cell: RemoteCell) -> str:
+    if cell.status != "running":
+        return f"queued ({cell.where})"
+    where = f" in {cell.where}" if cell.mode == "actor" else (" (driver)" if cell.mode == "driver" else "")
+    return f"running on {cell.node or '?'}{where}"
 
 
 def _bind_in_place(cell: RemoteCell, ns: dict[str, Any], previous: dict[str, Any]) -> None:

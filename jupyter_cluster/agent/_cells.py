@@ -42,6 +42,7 @@ from ._output import CellStreams, OutputPump
 from ._remote import (
     CellNamespace,
     interrupt_actor_cell,
+    node_ip,
     run_cell_in,
     run_cell_task,
     run_function,
@@ -363,6 +364,8 @@ class CellRunner:
             self.loop.call_soon_threadsafe(cell.emit, "stream", batch)
 
         def run() -> tuple[CellOutcome, list[Any]]:
+            if spec.announce:
+                self.loop.call_soon_threadsafe(cell.emit, "running", {"node": node_ip(), "items": 1})
             values = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
             return run_cell_in(spec, self.driver_ns, values, CellOutput(sink))
 
@@ -519,9 +522,9 @@ class CellRunner:
         sources = request.get("sources", ())
         args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(sources))
         label = request.get("label", "jc.submit")
-        ref = self._remote(run_function, 1, task_options(options)).remote(label, sources, *args)
+        ok, ref = self._remote(run_function, 2, task_options(options)).remote(label, sources, *args)
         handle_id = f"{request['id']}/result"
-        self.table.add(handle_id, ref)
+        self.table.add(handle_id, ref, status=ok)
         return handle_id
 
     # ---------------------------------------------------------------- status

@@ -67,6 +67,7 @@ class CellSpec:
     relay: str = ""  # the name of the agent's output relay actor
     label: str = ""  # how the notebook names the cell ("Cell In[5]")
     sources: tuple[ModuleSource, ...] = ()  # modules of the notebook's own, as source
+    announce: bool = False  # say where and when it starts running (the notebook shows it)
 
 
 @dataclass

@@ -132,7 +132,10 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         emit("done", await table.get(body["handle"]), final=True)
 
     async def wait(body: dict[str, Any], session: Any, emit: Any) -> None:
-        ready = await table.wait(body["handles"], body["num_returns"], body.get("timeout"))
+        if body.get("progress"):
+            ready = await table.wait_progress(body["handles"], body["num_returns"], body.get("timeout"), emit)
+        else:
+            ready = await table.wait(body["handles"], body["num_returns"], body.get("timeout"))
         emit("done", ready, final=True)
 
     async def submit(body: dict[str, Any], session: Any, emit: Any) -> None:

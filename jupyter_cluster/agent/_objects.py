@@ -48,12 +48,16 @@ class ObjectTable:
 
     def __init__(self) -> None:
         self.objects: dict[str, Any] = {}
+        #: For ``jc.submit`` results: a tiny ObjectRef saying whether the call succeeded.
+        self.status: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return len(self.objects)
 
-    def add(self, handle_id: str, held: Any) -> None:
+    def add(self, handle_id: str, held: Any, status: Any = None) -> None:
         self.objects[handle_id] = held
+        if status is not None:
+            self.status[handle_id] = status
 
     def pending(self, handle_id: str) -> asyncio.Future[Any]:
         """An entry for an output not made yet; :meth:`settle` gives it its object."""
@@ -115,6 +119,7 @@ class ObjectTable:
     def release(self, handle_ids: list[str]) -> None:
         for handle_id in handle_ids:
             self.objects.pop(handle_id, None)
+            self.status.pop(handle_id, None)
 
     # ------------------------------------------------ jc.put / get / wait
     async def put(self, blob: Pickled) -> tuple[str, dict[str, Any]]:
@@ -137,6 +142,43 @@ class ObjectTable:
             None, lambda: ray.wait(list(refs), num_returns=num_returns, timeout=timeout, fetch_local=False)
         )
         return [refs[r] for r in ready]
+
+    async def wait_progress(
+        self, handle_ids: list[str], num_returns: int, timeout: float | None, emit: Any, every: float = 0.25
+    ) -> list[str]:
+        """:meth:`wait`, telling ``emit`` how many are done and how many of those failed as
+        they finish (``progress`` events: ``done``, ``failed``, ``total``)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        # A submit's status ref is tiny: waiting on it, and reading it, costs no transfer.
+        watched = {}
+        for h in handle_ids:
+            watched[self.status.get(h) or await self.object_ref(h)] = h
+        ready: list[str] = []
+        failed = 0
+        remaining = list(watched)
+        while remaining and len(ready) < num_returns:
+            left = every if deadline is None else min(every, deadline - loop.time())
+            if left <= 0:
+                break
+            done, remaining = await loop.run_in_executor(
+                None, lambda r=remaining, t=left: ray.wait(r, num_returns=len(r), timeout=t, fetch_local=False)
+            )
+            if not done:
+                continue
+            for ref in done:
+                ready.append(watched[ref])
+                failed += await self._failed(watched[ref], ref)
+            emit("progress", {"done": len(ready), "failed": failed, "total": len(handle_ids)})
+        return ready
+
+    async def _failed(self, handle_id: str, ref: Any) -> int:
+        if handle_id not in self.status:
+            return 0  # a cell's output: its cell reports its own failure
+        try:
+            return 0 if await ref else 1
+        except ray.exceptions.RayError:
+            return 1
 
     async def describe(self, handle_id: str) -> dict[str, Any]:
         info, _ = package_value(await self.value(handle_id), 0)

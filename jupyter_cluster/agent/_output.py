@@ -39,6 +39,10 @@ class CellStreams:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     def deliver(self, stream: int, index: int, batch: Batch) -> None:
+        if index < 0:  # not output: a marker (the cell, or a chunk of it, started running)
+            for kind, data in batch:
+                self.emit(kind, data)
+            return
         self.early[stream, index] = batch
         following = self.following.get(stream, 0)
         while (stream, following) in self.early:  # in the order the cell wrote them

@@ -86,6 +86,13 @@ def _relay_sink(spec: CellSpec, stream: int = 0) -> Any:
     return lambda index, batch: relay.push.remote(spec.cell_id, stream, index, batch)
 
 
+def announce(spec: CellSpec, stream: int = 0, items: int = 1) -> None:
+    """Tell the notebook that the cell (or a ``--map`` chunk of ``items``) runs now, and where.
+
+    A batch with index -1 on the relay: the agent routes it as a ``running`` event."""
+    _relay_sink(spec, stream)(-1, [("running", {"node": node_ip(), "items": items, "pid": os.getpid()})])
+
+
 def _returns(outcome: CellOutcome, values: list[Any]) -> Any:
     # The outcome travels as plain pickle bytes: Ray moves bytes faster than objects.
     envelope = pickle.dumps(outcome, protocol=5)
@@ -96,6 +103,8 @@ def _returns(outcome: CellOutcome, values: list[Any]) -> Any:
 def run_cell_task(spec_bytes: bytes, *values: Any) -> Any:
     """One cell as one Ray task; returns ``(outcome bytes, *exported values)``."""
     spec: CellSpec = pickle.loads(spec_bytes)
+    if spec.announce:
+        announce(spec)
     outcome, exported = run_cell_in(spec, fresh_namespace(), values, CellOutput(_relay_sink(spec)))
     return _returns(outcome, exported)
 
@@ -108,6 +117,7 @@ def run_map_chunk(spec_bytes: bytes, chunk: int, items: list[Any], *values: Any)
     outcome, so nothing large is copied to the agent.
     """
     spec: CellSpec = pickle.loads(spec_bytes)
+    announce(spec, chunk, len(items))
     results = []
     output = CellOutput(_relay_sink(spec, chunk))
     assert spec.map_name is not None
@@ -127,21 +137,24 @@ def run_map_chunk(spec_bytes: bytes, chunk: int, items: list[Any], *values: Any)
 
 
 @ray.remote
-def run_function(label: str, sources: tuple[ModuleSource, ...], fn: Any, *args: Any) -> Any:
-    """``jc.submit``: call a notebook function on the cluster. An argument from a failed
-    cell is passed on as it is, and a raise becomes this call's :class:`FailedValue`:
-    whatever reads the result fails with the error, and its frames, not Ray's."""
+def run_function(label: str, sources: tuple[ModuleSource, ...], fn: Any, *args: Any) -> tuple[bool, Any]:
+    """``jc.submit``: call a notebook function on the cluster; ``(ok, result)``, two Ray
+    returns, so that whoever only needs to know how it went reads the tiny first one.
+
+    An argument from a failed cell is passed on as it is, and a raise becomes this
+    call's :class:`FailedValue`: whatever reads the result fails with the error, and its
+    frames, not Ray's."""
     install_sources(sources)
     values = [unwrap(a) for a in args]
     failed = next((v for v in values if isinstance(v, FailedValue)), None)
     if failed is not None:
-        return failed
+        return False, failed
     try:
-        return unwrap(fn)(*values)
+        return True, unwrap(fn)(*values)
     except Exception as exc:
         failure = failure_from(exc, "", "")
         failure.origin = label
-        return FailedValue(failure)
+        return False, FailedValue(failure)
 
 
 @ray.remote
@@ -165,6 +178,8 @@ class CellNamespace:
 
     def run(self, spec_bytes: bytes, *values: Any) -> Any:
         spec: CellSpec = pickle.loads(spec_bytes)
+        if spec.announce:
+            announce(spec)
         output = CellOutput(_relay_sink(spec))
         try:
             with self.cells.running(spec.cell_id):

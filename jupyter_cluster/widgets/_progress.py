@@ -1,0 +1,183 @@
+"""Progress in a cell's output: a bar for many items, a status line for one cell.
+
+Both are one display (a display id) redrawn in place, at most every :attr:`EVERY`
+seconds, as HTML with a plain-text twin; neither needs a widget manager, so what a
+notebook saved shows is the last state. A bar ends as a one-line summary. Updates may
+come from any thread: a redraw that has to wait is scheduled on the link's loop.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any
+
+GREEN, BLUE, RED, GREY = "#2e7d32", "#64b5f6", "#c62828", "#9e9e9e"
+
+
+def _rate(count: float, seconds: float, unit: str) -> str:
+    if seconds <= 0 or count <= 0:
+        return ""
+    per = count / seconds
+    return f"{per:,.1f} {unit}/s" if per < 100 else f"{per:,.0f} {unit}/s"
+
+
+def elapsed(seconds: float) -> str:
+    """``3.2 s``, ``4 min 05 s``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class _Display:
+    """One display id, redrawn at most every ``EVERY`` s (the last state always lands)."""
+
+    EVERY = 0.25
+
+    def __init__(self, show: bool = True) -> None:
+        self._lock = threading.Lock()
+        self._sent = 0.0
+        self._scheduled = False
+        self.handle: Any = None
+        if show:
+            from IPython.display import display
+
+            self.handle = display(self.bundle(), raw=True, display_id=True)
+            self._sent = time.monotonic()
+
+    def bundle(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def redraw(self, now: bool = False) -> None:
+        if self.handle is None:
+            return
+        with self._lock:
+            wait = self.EVERY - (time.monotonic() - self._sent)
+            if not now and wait > 0:
+                if not self._scheduled:
+                    self._scheduled = True
+                    _later(wait, self._deferred)
+                return
+            self._sent = time.monotonic()
+        self.handle.update(self.bundle(), raw=True)
+
+    def _deferred(self) -> None:
+        with self._lock:
+            self._scheduled = False
+            if time.monotonic() - self._sent < self.EVERY:  # drawn meanwhile (the final state, say)
+                return
+        self.redraw(now=True)
+
+
+def _later(delay: float, fn: Any) -> None:
+    from .._link import _LoopThread
+
+    loop = _LoopThread.get().loop
+    loop.call_soon_threadsafe(loop.call_later, delay, fn)
+
+
+class ProgressBar(_Display):
+    """Done / running / failed of ``total``, elapsed time and rate; ends as one line.
+
+    >>> bar = ProgressBar(100, "jc.map(f)", show=False)
+    >>> bar.update(done=40, running=8)
+    >>> print(bar.text())  # doctest: +ELLIPSIS
+    jc.map(f): [################------------------------] 40/100 done, 8 running, 0 failed ...
+    """
+
+    WIDTH = 40
+
+    def __init__(self, total: int, label: str, unit: str = "items", show: bool = True) -> None:
+        self.total = max(int(total), 0)
+        self.label = label
+        self.unit = unit
+        self.done = self.running = self.failed = 0
+        self.started = time.monotonic()
+        self.outcome: str | None = None
+        self.detail = ""
+        self.ended: float | None = None
+        super().__init__(show)
+
+    @property
+    def elapsed(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+    def update(self, done: int | None = None, running: int | None = None, failed: int | None = None) -> None:
+        if self.outcome is not None:
+            return
+        if done is not None:
+            self.done = done
+        if running is not None:
+            self.running = max(0, min(running, self.total - self.done))
+        if failed is not None:
+            self.failed = failed
+        self.redraw()
+
+    def finish(self, outcome: str = "done", detail: str = "") -> None:
+        """End as one line: ``done``, ``failed`` or ``cancelled``, with ``detail`` (why)."""
+        if self.outcome is not None:
+            return
+        self.outcome, self.detail = outcome, detail
+        self.ended = time.monotonic()
+        if outcome == "done":
+            self.done, self.running = max(self.done, self.total - self.failed), 0
+        self.running = 0
+        self.redraw(now=True)
+
+    def summary(self) -> str:
+        took = elapsed(self.elapsed)
+        rate = _rate(self.done, self.elapsed, self.unit)
+        rate = f" ({rate})" if rate else ""
+        detail = f": {self.detail}" if self.detail else ""
+        failed = f", {self.failed} failed" if self.failed else ""
+        if self.outcome == "done":
+            return f"{self.label}: {self.done}/{self.total} {self.unit} done{failed} in {took}{rate}"
+        return f"{self.label}: {self.outcome} after {took}, {self.done}/{self.total} {self.unit} done{failed}{detail}"
+
+    def text(self) -> str:
+        if self.outcome is not None:
+            return self.summary()
+        total = self.total or 1
+        filled = round(self.WIDTH * self.done / total)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        rate = _rate(self.done, self.elapsed, self.unit)
+        return (
+            f"{self.label}: [{bar}] {self.done}/{self.total} done, {self.running} running, {self.failed} failed"
+            f" · {elapsed(self.elapsed)}" + (f" · {rate}" if rate else "")
+        )
+
+    def bundle(self) -> dict[str, str]:
+        text = self.text()
+        if self.outcome is not None:
+            color = {"done": GREEN, "failed": RED}.get(self.outcome, GREY)
+            mark = {"done": "✔", "failed": "✘"}.get(self.outcome, "■")
+            body = f'<span style="color:{color}">{mark}</span> {html.escape(text)}'
+            return {"text/plain": text, "text/html": f'<div class="jc-progress jc-{self.outcome}">{body}</div>'}
+        total = self.total or 1
+        parts = "".join(
+            f'<div style="width:{100 * n / total:.2f}%;background:{color}"></div>'
+            for n, color in ((self.done - self.failed, GREEN), (self.failed, RED), (self.running, BLUE))
+            if n > 0
+        )
+        rate = _rate(self.done, self.elapsed, self.unit)
+        caption = (
+            f"{self.done}/{self.total} done · {self.running} running · {self.failed} failed · "
+            f"{elapsed(self.elapsed)}" + (f" · {rate}" if rate else "")
+        )
+        bar = (
+            '<div style="display:flex;width:320px;height:14px;background:#e0e0e0;border-radius:3px;'
+            f'overflow:hidden" role="progressbar" aria-valuenow="{self.done}" aria-valuemax="{self.total}">'
+            f"{parts}</div>"
+        )
+        return {
+            "text/plain": text,
+            "text/html": (
+                '<div class="jc-progress jc-running" style="display:flex;align-items:center;gap:8px;'
+                f'font-size:12px"><span>{html.escape(self.label)}</span>{bar}<span>{html.escape(caption)}</span></div>'
+            ),
+        }
+
+
+__all__ = ["ProgressBar", "elapsed"]
