@@ -52,7 +52,7 @@ class _CellArea:
     EVERY = 0.25
 
     def __init__(self, cell: RemoteCell) -> None:
-        from .widgets._progress import ProgressBar
+        from .widgets._progress import ProgressBar, RemoteBars
 
         self.cell = cell
         self.parts: list[str] = []
@@ -60,11 +60,16 @@ class _CellArea:
         self.state = f"queued ({cell.where})"
         self.final = False
         self.bar = ProgressBar(cell.progress[1], "--map", show=False) if cell.mode == "map" else None
+        #: Progress bars the cell's own code drew (tqdm, tqdm_ray), shown above its output.
+        self.bars = RemoteBars(show=False)
         self._sent = 0.0
         self._timer: Any = None
         self.handle = _display(self, display_id=True)
 
-    def add(self, text: str) -> None:
+    def add(self, kind: str, text: str) -> None:
+        text = self.bars.feed(kind, text)
+        if not text:
+            return
         self.parts.append(text)
         self.size += len(text)
 
@@ -90,6 +95,7 @@ class _CellArea:
 
     def __repr__(self) -> str:
         head = f"[{self.cell.label} on the cluster: {self.status()}]"
+        head += "".join(f"\n{bar.text()}" for bar in self.bars.bars.values())
         body = self.text()
         return head + ("\n" + body if body else "")
 
@@ -110,7 +116,8 @@ class _CellArea:
             line = f"{label} " + self.bar.bundle()["text/html"]
         body = "\n".join(status[1:]) + self.text()
         pre = f'<pre style="margin:2px 0">{html.escape(body)}</pre>' if body else ""
-        return f'<div class="jc-cell-status jc-{cell.status}">{line}{pre}</div>'
+        bars = "".join(bar.bundle()["text/html"] for bar in self.bars.bars.values())
+        return f'<div class="jc-cell-status jc-{cell.status}">{line}{bars}{pre}</div>'
 
     def update(self, now: bool = False) -> None:
         """Redraw, at once or within :attr:`EVERY` s (called on the link's event loop)."""
@@ -372,15 +379,14 @@ class ClusterMagics(Magics):
         return self._run_in_foreground(remote, ns)
 
     def _run_in_foreground(self, cell: RemoteCell, ns: dict[str, Any]) -> Any:
-        bar = None
-        if cell.mode == "map":
-            from .widgets._progress import ProgressBar
+        from .widgets._progress import ProgressBar, RemoteBars
 
-            bar = ProgressBar(cell.progress[1], f"{cell.label} --map")
+        bar = ProgressBar(cell.progress[1], f"{cell.label} --map") if cell.mode == "map" else None
+        bars = RemoteBars()
         try:
             for event, data in cell.events():
                 if event == "stream":
-                    _write(data)
+                    _write(data, bars)
                 elif event == "link":
                     print(_link_message(data), file=sys.stderr, flush=True)
                 elif event in ("progress", "running") and bar is not None:
@@ -395,7 +401,7 @@ class ClusterMagics(Magics):
             try:
                 for event, data in cell.events():
                     if event == "stream":
-                        _write(data)
+                        _write(data, bars)
             except KeyboardInterrupt:
                 pass
             error = cell.exception(0) if cell.done() else None
@@ -410,6 +416,7 @@ class ClusterMagics(Magics):
                 bar.update(failed=1 if outcome == "failed" else 0)
                 bar.finish(outcome, _first_line(exc))
             raise
+        bars.close()
         if bar is not None:
             bar.finish("done")
         return self._bind(result, ns)
@@ -455,7 +462,7 @@ class ClusterMagics(Magics):
                     if kind == "display":
                         _display(item, raw=True)
                     else:
-                        area.add(item)
+                        area.add(kind, item)
             elif event in ("progress", "running") and area.bar is not None:
                 area.bar.update(done=cell.progress[0], running=cell.started_items - cell.progress[0])
             elif event == "running":
@@ -539,12 +546,14 @@ def _unquote(text: str) -> str:
     return text
 
 
-def _write(batch: list[tuple[str, Any]]) -> None:
+def _write(batch: list[tuple[str, Any]], bars: Any = None) -> None:
     for kind, data in batch:
-        if kind == "stdout":
+        if kind in ("stdout", "stderr") and bars is not None:
+            data = bars.feed(kind, data)
+        if kind == "stdout" and data:
             sys.stdout.write(data)
             sys.stdout.flush()
-        elif kind == "stderr":
+        elif kind == "stderr" and data:
             sys.stderr.write(data)
             sys.stderr.flush()
         elif kind == "display":

@@ -450,6 +450,13 @@ class CellRunner:
             self.table.settle(handle_id, assemble.remote(*parts))
         return {"items": outcomes, "handles": handles}
 
+    def driver_cell_emit(self) -> Emit | None:
+        """The emit of the driver cell started last and still running (any thread may ask)."""
+        for cell in reversed(list(self.running.values())):
+            if cell.mode == "driver":
+                return cell.emit
+        return None
+
     # ---------------------------------------------------------------- cancel
     def cancel(self, cell_id: str, reason: str = "interrupted") -> bool:
         cell = self.running.get(cell_id)

@@ -96,7 +96,8 @@ def init_ray(args: argparse.Namespace) -> None:
         use_token_auth(args.address)
     import ray
 
-    kwargs: dict[str, Any] = {"namespace": "jupyter_cluster", "log_to_driver": False, "configure_logging": False}
+    # Worker logs come to the agent only for Ray's progress bars (see ._progress): cells carry their own output.
+    kwargs: dict[str, Any] = {"namespace": "jupyter_cluster", "log_to_driver": True, "configure_logging": False}
     if args.local:
         # "local": a Ray of our own even where `ray start` left one running (plain
         # ray.init() would join that one, and refuse the CPU count).
@@ -216,6 +217,9 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
         raise SystemExit("no session secret (JUPYTER_CLUSTER_SECRET or --secret-file): refusing to serve")
     loop = asyncio.get_running_loop()
     runner = CellRunner(loop, driver)
+    from ._progress import install
+
+    install(loop, runner.driver_cell_emit)
     server = AgentServer(args.socket, secret, {})
     sampler = MetricsSampler(loop)
     server.handlers.update(handlers(runner, server, sampler))

@@ -9,6 +9,8 @@ come from any thread: a redraw that has to wait is scheduled on the link's loop.
 from __future__ import annotations
 
 import html
+import json
+import re
 import threading
 import time
 from typing import Any
@@ -180,4 +182,141 @@ class ProgressBar(_Display):
         }
 
 
-__all__ = ["ProgressBar", "elapsed"]
+RAY_TQDM_MAGIC = "__ray_tqdm_magic_token__"
+
+# tqdm's default format: "desc: 45%|████▌     | 45/100 [00:01<00:02, 30.20it/s]" (desc optional).
+_TQDM = re.compile(
+    r"^(?:(?P<desc>.*?): ?)?\s*(?P<pct>\d+)%\|(?P<bar>[^|]*)\| ?(?P<n>[\d.]+[kMGTPEZY]?)/(?P<total>[\d.]+[kMGTPEZY]?)"
+    r" ?\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)(?:, ?(?P<rate>[^\]]*))?\]\s*$"
+)
+_SI = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "Z": 1e21, "Y": 1e24}
+
+
+def _count(text: str) -> float:
+    unit = text[-1] if text and text[-1] in _SI else ""
+    return float(text[: len(text) - len(unit)]) * _SI[unit]
+
+
+class RemoteBar(_Display):
+    """A progress bar made by code on the cluster (``tqdm``, or Ray's ``tqdm_ray``), drawn here."""
+
+    def __init__(self, desc: str, total: float | None, unit: str = "it", show: bool = True) -> None:
+        self.desc = desc
+        self.total = total
+        self.n = 0.0
+        self.unit = unit
+        self.note = ""  # tqdm's own "[elapsed<remaining, rate]"
+        self.closed = False
+        self.started = time.monotonic()
+        super().__init__(show)
+
+    def text(self) -> str:
+        desc = f"{self.desc}: " if self.desc else ""
+        total = f"/{self.total:g}" if self.total else ""
+        pct = f"{100 * self.n / self.total:3.0f}% " if self.total else ""
+        note = self.note or f"{elapsed(time.monotonic() - self.started)}"
+        return f"{desc}{pct}{self.n:g}{total} {self.unit} [{note}]" + (" (closed)" if self.closed else "")
+
+    def bundle(self) -> dict[str, str]:
+        text = self.text()
+        frac = min(1.0, self.n / self.total) if self.total else 0.0
+        color = GREEN if self.closed else BLUE
+        bar = (
+            '<div style="display:flex;width:240px;height:12px;background:#e0e0e0;border-radius:3px;overflow:hidden">'
+            f'<div style="width:{100 * frac:.2f}%;background:{color}"></div></div>'
+        )
+        desc = f"<span>{html.escape(self.desc)}</span>" if self.desc else ""
+        total = f"/{self.total:g}" if self.total else ""
+        caption = f"{self.n:g}{total} {self.unit} [{self.note}]" if self.note else f"{self.n:g}{total} {self.unit}"
+        body = f"{desc}{bar}<span>{html.escape(caption)}</span>"
+        return {
+            "text/plain": text,
+            "text/html": (
+                '<div class="jc-remote-bar" style="display:flex;align-items:center;gap:8px;font-size:12px">'
+                f"{body}</div>"
+            ),
+        }
+
+
+class RemoteBars:
+    """Turns the progress bars in a cell's printed output into :class:`RemoteBar` s.
+
+    ``tqdm`` redraws its line with ``\\r``; Ray's ``tqdm_ray`` prints JSON lines that carry
+    a magic token (Ray's driver decodes them the same way). Text that holds neither is
+    passed on untouched; the rest of the text is what :meth:`feed` returns.
+    ``show``: draw each bar as a display of its own (a foreground cell); otherwise the
+    owner draws :attr:`bars` itself (an ``--async`` cell's area).
+    """
+
+    def __init__(self, show: bool = True) -> None:
+        self.show = show
+        self.bars: dict[str, RemoteBar] = {}
+        self._line: dict[str, str] = {}  # stream -> key of the tqdm bar on its current line
+
+    def feed(self, stream: str, text: str) -> str:
+        if "\r" not in text and RAY_TQDM_MAGIC not in text and stream not in self._line:
+            return text
+        kept: list[str] = []
+        for line in re.findall(r"[^\n]*\n|[^\n]+", text):  # not splitlines: it splits at "\r" too
+            if RAY_TQDM_MAGIC in line and self._ray_state(line):
+                continue
+            if "\r" in line or stream in self._line:
+                line = self._tqdm_line(stream, line)
+            kept.append(line)
+        return "".join(kept)
+
+    def _ray_state(self, line: str) -> bool:
+        try:
+            state = json.loads(line[line.index("{") :])
+            key = str(state["uuid"])
+        except (ValueError, KeyError, TypeError):
+            return False
+        bar = self.bars.get(key)
+        if bar is None:
+            desc = str(state.get("desc") or "")
+            bar = self.bars[key] = RemoteBar(desc, state.get("total"), str(state.get("unit") or "it"), self.show)
+        bar.n = float(state.get("x") or 0)
+        bar.total = state.get("total") or bar.total
+        bar.desc = str(state.get("desc") or bar.desc)
+        bar.closed = bool(state.get("closed"))
+        bar.redraw(now=bar.closed)
+        return True
+
+    def _tqdm_line(self, stream: str, line: str) -> str:
+        """A line tqdm redraws: its last drawing becomes the bar; other text stays."""
+        ends = line.endswith("\n")
+        pieces = line.rstrip("\n").split("\r")
+        rest = []
+        for piece in pieces:
+            match = _TQDM.match(piece.rstrip())
+            if match is None:
+                if piece.strip():
+                    rest.append(piece)
+                continue
+            key = self._line.get(stream)
+            desc = (match.group("desc") or "").strip()
+            if key is None or self.bars[key].desc != desc or self.bars[key].closed:
+                key = f"{stream}-{len(self.bars)}"
+                self.bars[key] = RemoteBar(desc, _count(match.group("total")), "it", self.show)
+                self._line[stream] = key
+            bar = self.bars[key]
+            bar.n, bar.total = _count(match.group("n")), _count(match.group("total"))
+            bar.note = f"{match.group('elapsed')}<{match.group('remaining')}" + (
+                f", {match.group('rate')}" if match.group("rate") else ""
+            )
+            bar.redraw()
+        if ends:
+            key = self._line.pop(stream, None)
+            if key is not None:
+                self.bars[key].closed = self.bars[key].n >= (self.bars[key].total or 0)
+                self.bars[key].redraw(now=True)
+        text = "\r".join(rest)
+        return text + ("\n" if ends and text else "")
+
+    def close(self) -> None:
+        """The cell ended: draw every bar's last state."""
+        for bar in self.bars.values():
+            bar.redraw(now=True)
+
+
+__all__ = ["ProgressBar", "RemoteBar", "RemoteBars", "elapsed"]
