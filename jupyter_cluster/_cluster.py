@@ -9,6 +9,7 @@ notebook-side mirror of Ray's core API (``submit``, ``map``, ``put``, ``get``,
 from __future__ import annotations
 
 import concurrent.futures
+import html
 import itertools
 import linecache
 import platform
@@ -127,6 +128,12 @@ class Cluster:
     def __repr__(self) -> str:
         state = "attached" if self.alive else "detached"
         return f"<Cluster {self.kind} Python {self.python} Ray {self.ray_version} {state}>"
+
+    def _repr_html_(self) -> str:
+        """The status card (one request to the agent; the link's state alone while it is down)."""
+        if self._link.closed:
+            return f"<code>{html.escape(repr(self))}</code>"
+        return self.status()._repr_html_()
 
     @property
     def link(self) -> dict[str, Any]:
@@ -501,8 +508,8 @@ class Cluster:
         """
         link = self.link
         if link["state"] != "connected":
-            return ClusterStatus(None, self.kind, self.dashboard_url, link)
-        return ClusterStatus(self._link.call("status"), self.kind, self.dashboard_url, link)
+            return ClusterStatus(None, self.kind, self.dashboard_url, link, self.python)
+        return ClusterStatus(self._link.call("status"), self.kind, self.dashboard_url, link, self.python)
 
     def cancel_all(self) -> None:
         for cell in list(self.cells.values()):

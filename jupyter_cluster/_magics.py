@@ -203,7 +203,7 @@ class ClusterMagics(Magics):
                 f"`%cluster connect {attached.kind.split(' ', 1)[-1]} --session {attached.session}` resumes it."
             )
         elif args.command == "status":
-            print(self._attached().status())
+            _display(self._attached().status())
         elif args.command == "dashboard":
             from .widgets import Dashboard
 

@@ -17,6 +17,8 @@ class ClusterStatus:
     kind: str
     dashboard: str | None = None
     link: dict[str, Any] = field(default_factory=dict)
+    #: The cluster's Python version (the agent's).
+    python: str = ""
 
     def _link_line(self) -> str:
         link = self.link
@@ -45,10 +47,14 @@ class ClusterStatus:
             lines.append(f"  Ray dashboard: {self.dashboard}")
         for node in data["nodes"]:
             res = node["resources"]
+            load = node.get("load") or {}
             head = " (head)" if node["head"] else ""
             store = format_size(res.get("object_store_memory", 0))
+            if "store_used" in load:
+                store = f"{format_size(load['store_used'])} used of {store}"
+            busy = f" ({load['cpu']:.0f} % busy)" if "cpu" in load else ""
             lines.append(
-                f"  {node['address']}{head}: {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU, "
+                f"  {node['address']}{head}: {res.get('CPU', 0):g} CPU{busy}, {res.get('GPU', 0):g} GPU, "
                 f"memory {format_size(res.get('memory', 0))}, object store {store}"
             )
         avail = data["available"]
@@ -71,3 +77,8 @@ class ClusterStatus:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        from .widgets._card import status_html
+
+        return status_html(self)

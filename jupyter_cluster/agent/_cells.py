@@ -553,6 +553,7 @@ class CellRunner:
         return {
             "nodes": [
                 {
+                    "id": n.get("NodeID"),
                     "address": n.get("NodeManagerAddress"),
                     "resources": n.get("Resources", {}),
                     "alive": n.get("Alive"),
@@ -564,6 +565,7 @@ class CellRunner:
             "cells": [
                 {
                     "cell_id": c.cell_id,
+                    "label": c.spec.label,
                     "mode": c.mode,
                     "elapsed": time.time() - c.started,
                     "done": c.done_items,

@@ -150,7 +150,15 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         emit("done", None, final=True)
 
     async def status(body: dict[str, Any], session: Any, emit: Any) -> None:
-        emit("done", await runner.status(), final=True)
+        data = await runner.status()
+        try:  # each node's load now: one scrape (the nodes' endpoints answer in milliseconds)
+            loads = await asyncio.wait_for(sampler.sample(), 3.0)
+        except Exception:
+            log.warning("no node metrics for the status", exc_info=True)
+            loads = {}
+        for node in data["nodes"]:
+            node["load"] = loads.get(node.get("id"))
+        emit("done", data, final=True)
 
     async def watch_metrics(body: dict[str, Any], session: Any, emit: Any) -> None:
         await sampler.watch(body["id"], session, emit)
