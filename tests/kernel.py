@@ -13,9 +13,9 @@ from jupyter_client.manager import KernelManager
 class Kernel:
     """A ``python3`` kernel; :meth:`execute` runs code and returns what it published."""
 
-    def __init__(self, cwd: str | None = None) -> None:
+    def __init__(self, cwd: str | None = None, env: dict[str, str] | None = None) -> None:
         self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=cwd)
+        self.km.start_kernel(env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, cwd=cwd)
         self.kc = self.km.blocking_client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

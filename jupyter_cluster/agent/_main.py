@@ -158,6 +158,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
             loads = {}
         for node in data["nodes"]:
             node["load"] = loads.get(node.get("id"))
+        data["metrics_watchers"] = len(sampler.watchers)
         emit("done", data, final=True)
 
     async def watch_metrics(body: dict[str, Any], session: Any, emit: Any) -> None:

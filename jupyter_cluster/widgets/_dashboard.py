@@ -197,10 +197,12 @@ class Dashboard(ipywidgets.VBox):
         for t, cluster_totals in list(self.feed.history)[-int(window) :]:
             self._stream_point(t, cluster_totals)
         self._token = self.feed.subscribe(self._on_feed)
-        if self.feed.nodes:
-            self._draw_nodes(set(self.feed.nodes))
-            self._draw_states()
-        elif wait:
+        with self._lock:  # the first sample may be drawing already, in the feed's thread
+            drawn = bool(self.feed.nodes)
+            if drawn:
+                self._draw_nodes(set(self.feed.nodes))
+                self._draw_states()
+        if not drawn and wait:
             self.feed.wait_first(wait)  # so the first picture (and the snapshot) has the nodes
 
     # ------------------------------------------------------------------ feed
@@ -210,9 +212,11 @@ class Dashboard(ipywidgets.VBox):
                 return
             if kind == "metrics":
                 changed = set(data["nodes"])
-                self._draw_nodes(changed, left=set(data["left"]))
-                self._draw_states()
+                added = self._draw_nodes(changed, left=set(data["left"]))
+                added = self._draw_states() or added
                 self._stream_point(data["t"], self.feed.totals())
+                if added:
+                    self._resend()
             self.header.value = self._header(kind, data)
 
     def _header(self, kind: str = "", data: Any = None) -> str:
@@ -240,7 +244,20 @@ class Dashboard(ipywidgets.VBox):
             self.labels[node_id] = label
         return label
 
-    def _draw_nodes(self, changed: set[str], left: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    def _resend(self) -> None:
+        """Hand every view the plots as they are now.
+
+        jupyter_bokeh gives a view the document as it was when the ``BokehModel`` was made,
+        then only the changes made while that view is open: a view opened later (the cell's
+        own output, drawn after this kernel has already streamed rows into the sources, or
+        the notebook opened again) would patch rows it never got. Setting ``render_bundle``
+        redraws every view from the whole document; done when shown and when rows are
+        added, so only a lost point in time or a value the next sample repeats can be missed.
+        """
+        self.plots.render_bundle = self.plots._model_to_traits(self.figures)
+
+    def _draw_nodes(self, changed: set[str], left: set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+        """Draw what changed on these nodes; True when rows were added."""
         new: dict[str, list[Any]] = {"y": [], "frac": [], "text": [], "color": [], "node": []}
         patches: dict[str, list[tuple[int, Any]]] = {"frac": [], "text": [], "color": []}
         size = len(self.bars.data["y"])
@@ -264,21 +281,24 @@ class Dashboard(ipywidgets.VBox):
                     patches["frac"].append((index, frac))
                     patches["text"].append((index, text))
                     patches["color"].append((index, color))
-        if new["y"]:
-            self.bars.stream(new)
-        if patches["frac"]:
-            self.bars.patch(patches)
         shown = [
             (self.labels[i], metric)
             for i in sorted(self.feed.nodes, key=lambda i: (not self.feed.nodes[i].get("head"), self.labels.get(i, i)))
             if i in self._rows
             for metric in self._rows[i]
         ]
+        # The factors before the rows: BokehJS throws on (node, metric) rows its range does not know yet.
         if new["y"] or left or list(self.node_plot.y_range.factors) != shown:
             self.node_plot.y_range.factors = shown
             self.node_plot.height = 50 + 20 * len(shown) + 12 * len(self.feed.nodes)
+        if new["y"]:
+            self.bars.stream(new)
+        if patches["frac"]:
+            self.bars.patch(patches)
+        return bool(new["y"])
 
-    def _draw_states(self) -> None:
+    def _draw_states(self) -> bool:
+        """Draw the task and actor counts; True when rows were added."""
         cluster = totals(self.feed.nodes.values())
         new: dict[str, list[Any]] = {"y": [], "count": [], "text": [], "color": []}
         patches: dict[str, list[tuple[int, Any]]] = {"count": [], "text": []}
@@ -302,11 +322,12 @@ class Dashboard(ipywidgets.VBox):
                     patches["count"].append((index, 0))
                     patches["text"].append((index, "0"))
         if new["y"]:
-            self.states.stream(new)
-            self.state_plot.y_range.factors = list(self._state_rows)
+            self.state_plot.y_range.factors = list(self._state_rows)  # before the rows, as for the nodes
             self.state_plot.height = 60 + 20 * len(self._state_rows)
+            self.states.stream(new)
         if patches["count"]:
             self.states.patch(patches)
+        return bool(new["y"])
 
     def _stream_point(self, t: float, cluster: NodeSample) -> None:
         store = 100 * _frac(cluster["store_used"], cluster["store_total"])
@@ -320,6 +341,9 @@ class Dashboard(ipywidgets.VBox):
         return snapshot_html(self.feed.nodes, self.labels, f"{self.cluster.kind}: {len(self.feed.nodes)} node(s)")
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        if not self.closed:
+            with self._lock:
+                self._resend()  # the rows drawn since the BokehModel was made
         bundle = super()._repr_mimebundle_(**kwargs) if not self.closed else {}
         bundle = dict(bundle or {})
         bundle["text/html"] = self.snapshot()
