@@ -102,6 +102,8 @@ class Cluster:
         self.missed = link.orphans
         #: The Ray processes this cluster started (``up``, ``--start-head``), if any.
         self.started: Any = None
+        #: The metrics the dashboards draw (a :class:`._feed.MetricsFeed`, made by the first).
+        self._metrics_feed: Any = None
         link.on_give_up = self._link_gave_up
         #: Interrupting a cell while the link is down: "cancel" it when the link
         #: returns, or "keep" it running (its result arrives when the link is back).

@@ -161,9 +161,7 @@ class ObjectTable:
             left = every if deadline is None else min(every, deadline - loop.time())
             if left <= 0:
                 break
-            done, remaining = await loop.run_in_executor(
-                None, lambda r=remaining, t=left: ray.wait(r, num_returns=len(r), timeout=t, fetch_local=False)
-            )
+            done, remaining = await loop.run_in_executor(None, _wait_all, remaining, left)
             if not done:
                 continue
             for ref in done:
@@ -183,6 +181,12 @@ class ObjectTable:
     async def describe(self, handle_id: str) -> dict[str, Any]:
         info, _ = package_value(await self.value(handle_id), 0)
         return info.meta
+
+
+def _wait_all(refs: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
+    """Those of ``refs`` ready within ``timeout`` s, and the rest (nothing fetched)."""
+    ready, rest = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
+    return list(ready), list(rest)
 
 
 __all__ = ["CellRequestError", "Deferred", "ObjectTable"]

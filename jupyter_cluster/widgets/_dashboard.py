@@ -125,7 +125,8 @@ class Dashboard(ipywidgets.VBox):
 
     def __init__(self, cluster: Cluster, window: float = 300.0, wait: float = 3.0) -> None:
         from bokeh.layouts import column, row
-        from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, Legend, Range1d
+        from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, Range1d
+        from bokeh.models.annotations import Legend
         from bokeh.plotting import figure
         from jupyter_bokeh import BokehModel
 
@@ -145,10 +146,12 @@ class Dashboard(ipywidgets.VBox):
         self.series = ColumnDataSource({"t": [], "cpu": [], "gpu": [], "store": []})
         self.states = ColumnDataSource({"y": [], "count": [], "text": [], "color": []})
 
+        self._node_factors: Any = FactorRange(factors=[], factor_padding=0.1, group_padding=0.6)
+        self._state_factors: Any = FactorRange(factors=[], group_padding=0.6)
         self.node_plot = figure(
             title="Nodes",
-            y_range=FactorRange(factors=[], factor_padding=0.1, group_padding=0.6),
-            x_range=Range1d(0, 1),
+            y_range=self._node_factors,
+            x_range=Range1d(start=0, end=1),
             width=480,
             height=120,
             toolbar_location=None,
@@ -161,7 +164,7 @@ class Dashboard(ipywidgets.VBox):
 
         self.state_plot = figure(
             title="Tasks and actors",
-            y_range=FactorRange(factors=[], group_padding=0.6),
+            y_range=self._state_factors,
             x_range=DataRange1d(start=0),
             width=320,
             height=120,
@@ -176,13 +179,13 @@ class Dashboard(ipywidgets.VBox):
             title=f"Cluster, last {window / 60:g} min (%)",
             x_axis_type="datetime",
             x_range=DataRange1d(follow="end", follow_interval=window * 1000, range_padding=0),
-            y_range=Range1d(0, 100),
+            y_range=Range1d(start=0, end=100),
             width=800,
             height=200,
             toolbar_location=None,
             name="series",
         )
-        lines = [
+        lines: list[Any] = [
             ("CPU", self.time_plot.line("t", "cpu", source=self.series, color=COLORS["CPU"], line_width=2)),
             ("object store", self.time_plot.line("t", "store", source=self.series, color=COLORS["object store"])),
             ("GPU", self.time_plot.line("t", "gpu", source=self.series, color=COLORS["GPU"], line_width=2)),
@@ -258,7 +261,7 @@ class Dashboard(ipywidgets.VBox):
 
     def _draw_nodes(self, changed: set[str], left: set[str] = frozenset()) -> bool:  # type: ignore[assignment]
         """Draw what changed on these nodes; True when rows were added."""
-        new: dict[str, list[Any]] = {"y": [], "frac": [], "text": [], "color": [], "node": []}
+        new: dict[str, Any] = {"y": [], "frac": [], "text": [], "color": [], "node": []}
         patches: dict[str, list[tuple[int, Any]]] = {"frac": [], "text": [], "color": []}
         size = len(self.bars.data["y"])
         for node_id in sorted(changed):
@@ -288,8 +291,8 @@ class Dashboard(ipywidgets.VBox):
             for metric in self._rows[i]
         ]
         # The factors before the rows: BokehJS throws on (node, metric) rows its range does not know yet.
-        if new["y"] or left or list(self.node_plot.y_range.factors) != shown:
-            self.node_plot.y_range.factors = shown
+        if new["y"] or left or list(self._node_factors.factors) != shown:
+            self._node_factors.factors = shown
             self.node_plot.height = 50 + 20 * len(shown) + 12 * len(self.feed.nodes)
         if new["y"]:
             self.bars.stream(new)
@@ -300,7 +303,7 @@ class Dashboard(ipywidgets.VBox):
     def _draw_states(self) -> bool:
         """Draw the task and actor counts; True when rows were added."""
         cluster = totals(self.feed.nodes.values())
-        new: dict[str, list[Any]] = {"y": [], "count": [], "text": [], "color": []}
+        new: dict[str, Any] = {"y": [], "count": [], "text": [], "color": []}
         patches: dict[str, list[tuple[int, Any]]] = {"count": [], "text": []}
         size = len(self.states.data["y"])
         for kind in ("tasks", "actors"):
@@ -322,7 +325,7 @@ class Dashboard(ipywidgets.VBox):
                     patches["count"].append((index, 0))
                     patches["text"].append((index, "0"))
         if new["y"]:
-            self.state_plot.y_range.factors = list(self._state_rows)  # before the rows, as for the nodes
+            self._state_factors.factors = list(self._state_rows)  # before the rows, as for the nodes
             self.state_plot.height = 60 + 20 * len(self._state_rows)
             self.states.stream(new)
         if patches["count"]:
@@ -332,7 +335,7 @@ class Dashboard(ipywidgets.VBox):
     def _stream_point(self, t: float, cluster: NodeSample) -> None:
         store = 100 * _frac(cluster["store_used"], cluster["store_total"])
         gpu = cluster["gpu"] if cluster["gpu"] is not None else float("nan")
-        point = {"t": [t * 1000], "cpu": [cluster["cpu"]], "gpu": [gpu], "store": [store]}
+        point: dict[str, Any] = {"t": [t * 1000], "cpu": [cluster["cpu"]], "gpu": [gpu], "store": [store]}
         self.series.stream(point, rollover=int(self.window) + 1)
 
     # --------------------------------------------------------------- display
