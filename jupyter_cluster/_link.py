@@ -189,6 +189,8 @@ class AgentLink:
         self.last_error = ""
         #: The last heartbeat's round trip, in seconds.
         self.rtt: float | None = None
+        #: Bytes received from the agent, as they were on the wire.
+        self.bytes_received = 0
         #: Called with the reason when the link gives up for good (the session may live on).
         self.on_give_up: Callable[[BaseException], None] | None = None
         #: Final events of requests this link did not send (an earlier kernel's).
@@ -383,6 +385,7 @@ class AgentLink:
 
     # --------------------------------------------------------------- events
     def _on_frame(self, frame: Frame) -> None:
+        self.bytes_received += frame.wire
         header = frame.header
         if frame.type == "pong":
             self.rtt = time.monotonic() - float(header.get("t", 0.0))

@@ -53,36 +53,44 @@ CELLS = [
 RAM_GREEN = (0x54, 0xA2, 0x4B)
 CPU_BLUE = (0x4C, 0x78, 0xA8)
 
-#: What BokehJS holds for the dashboard: its sources' columns, found through the views on the page.
+#: True once the notebook at this path is open and its kernel idle.
+KERNEL_IDLE_JS = """
+(path) => {
+  const app = window.jupyterapp;
+  const panel = app && app.shell.currentWidget;
+  if (!panel || !panel.context || panel.context.path !== path || !panel.context.isReady) return false;
+  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+  return !!kernel && kernel.status === "idle";
+}
+"""
+
+#: True once all ``count`` cells show an execution count.
+LAST_CELL_RAN_JS = """
+(count) => {
+  const prompts = document.querySelectorAll(".jp-Notebook .jp-Cell .jp-InputPrompt");
+  return prompts.length === count && Array.from(prompts).every((p) => /\\[\\d+\\]/.test(p.textContent));
+}
+"""
+
+#: What BokehJS holds for the dashboard: the columns of its sources, found through the views in the page.
 BOKEH_DATA_JS = """
 () => {
   const Bokeh = window.Bokeh;
   if (!Bokeh || !Bokeh.index) return {error: "no Bokeh.index in the page"};
-  const found = {};
-  const seen = new Set();
-  const visit = (model) => {
-    if (!model || typeof model !== "object" || seen.has(model)) return;
-    seen.add(model);
-    if (model.data && model.data instanceof Object && "frac" in model.data) {
-      found.bars = {y: Array.from(model.data.y).map(String), text: Array.from(model.data.text)};
-    } else if (model.data && model.data instanceof Object && "cpu" in model.data) {
-      found.series = {t: Array.from(model.data.t), cpu: Array.from(model.data.cpu)};
-    }
-  };
-  const views = [];
-  const index = Bokeh.index;
-  if (typeof index[Symbol.iterator] === "function") {
-    for (const view of index) views.push(view);
-  } else {
-    for (const key of Object.keys(index)) views.push(index[key]);
-  }
-  for (const view of views) {
+  const found = {views: 0};
+  const docs = new Set();
+  for (const view of Bokeh.index) {
+    found.views += 1;
     const doc = view.model && view.model.document;
-    if (doc && doc._all_models) {
-      for (const model of doc._all_models.values()) visit(model);
+    if (!doc || docs.has(doc)) continue;
+    docs.add(doc);
+    for (const model of doc._all_models.values()) {
+      const data = model.data;
+      if (!data || typeof data !== "object") continue;
+      if ("frac" in data) found.bars = {y: Array.from(data.y), text: Array.from(data.text)};
+      if ("cpu" in data) found.series = {t: Array.from(data.t), cpu: Array.from(data.cpu)};
     }
   }
-  found.views = views.length;
   return found;
 }
 """
@@ -105,9 +113,7 @@ def _free_port() -> int:
 
 
 def _api(lab: Lab, path: str, method: str = "GET") -> Any:
-    request = urllib.request.Request(
-        f"{lab.url}{path}", method=method, headers={"Authorization": f"token {lab.token}"}
-    )
+    request = urllib.request.Request(f"{lab.url}{path}", method=method, headers={"Authorization": f"token {lab.token}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         body = response.read()
     return json.loads(body) if body else None
@@ -155,7 +161,10 @@ def _write_notebook(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    """JupyterLab on loopback with a random token; killed at the end whatever happened."""
+    """JupyterLab on loopback with a random token; stopped at the end whatever happened."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (Debian's chromium package)")
+    pytest.importorskip("playwright.sync_api", reason="the playwright Python module is not installed")
     base = tmp_path_factory.mktemp("lab")
     root, runtime, workspaces, settings = (base / name for name in ("root", "runtime", "workspaces", "settings"))
     for folder in (root, runtime, workspaces, settings):
@@ -211,118 +220,104 @@ def _execute(page: Any, command: str, timeout: float = 30.0) -> Any:
     )
 
 
-def _colour_share(pixels: Any, colour: tuple[int, int, int], tolerance: int = 12) -> int:
+def _drawn(path: Path) -> dict[str, int]:
+    """What a screenshot holds: its size, non-white pixels, distinct colours, pixels of the dashboard's colours."""
     import numpy as np
+    from PIL import Image
 
-    return int((np.abs(pixels.astype(int) - np.array(colour)).max(axis=-1) <= tolerance).sum())
+    pixels = np.asarray(Image.open(path).convert("RGB")).astype(int)
+
+    def near(colour: tuple[int, int, int], tolerance: int = 12) -> int:
+        return int((np.abs(pixels - np.array(colour)).max(axis=-1) <= tolerance).sum())
+
+    return {
+        "width": pixels.shape[1],
+        "height": pixels.shape[0],
+        "non_white": int((pixels.min(axis=-1) < 235).sum()),
+        "colours": len(np.unique(pixels.reshape(-1, 3), axis=0)),
+        "ram_green": near(RAM_GREEN),
+        "cpu_blue": near(CPU_BLUE),
+    }
+
+
+def _console_problems(console: list[str]) -> list[str]:
+    """Page errors, and what BokehJS says when a view patches rows it never got."""
+    return [line for line in console if line.startswith("[pageerror]") or "inconsistent lengths" in line]
 
 
 @pytest.mark.timeout(300)
 def test_dashboard_and_progress_in_jupyterlab(lab: Lab) -> None:
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("the playwright Python module is not installed")
-    import numpy as np
-    from PIL import Image
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for stale in ("page.png", "dashboard.png", "page-failed.png", "console.log"):
+        (ARTIFACTS / stale).unlink(missing_ok=True)
     _write_notebook(lab.root / NOTEBOOK)
     console: list[str] = []
 
     def report() -> str:
         (ARTIFACTS / "console.log").write_text("\n".join(console) + "\n")
-        return "browser console:\n" + "\n".join(console[-40:])
+        return "browser console (also in tests/artifacts/browser/console.log):\n" + "\n".join(console[-40:])
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        page.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
+        page.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1400})
-            page.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
-            page.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
             page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}", timeout=60_000)
             page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
             # Cells sent before the kernel is idle are dropped: wait for it.
-            page.wait_for_function(
-                """(path) => {
-                  const app = window.jupyterapp;
-                  const panel = app && app.shell.currentWidget;
-                  if (!panel || !panel.context || panel.context.path !== path || !panel.context.isReady) return false;
-                  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
-                  return !!kernel && kernel.status === "idle";
-                }""",
-                arg=NOTEBOOK,
-                timeout=60_000,
-            )
+            page.wait_for_function(KERNEL_IDLE_JS, arg=NOTEBOOK, timeout=60_000)
             started = time.monotonic()
-            _execute(page, "notebook:run-all-cells")
+            # Its promise settles once every cell has run: False when one failed (the rest are then skipped).
+            if _execute(page, "notebook:run-all-cells", timeout=180) is not True:
+                errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+                raise AssertionError("a cell failed:\n" + "\n".join(errors.all_inner_texts())[-3000:])
 
             done = page.locator(".jc-progress.jc-done")
-            try:
-                done.wait_for(timeout=150_000)
-            except Exception as exc:
-                page.screenshot(path=str(ARTIFACTS / "page-failed.png"), full_page=True)
-                raise AssertionError(f"the --map cell's bar did not end: {exc}\n{report()}") from exc
+            done.wait_for(timeout=10_000)
             summary = done.inner_text()
-            assert f"{ITEMS}/{ITEMS}" in summary, summary
-            assert "--map" in summary and "done in" in summary, summary
-
-            # The last cell has had its few seconds of samples once its prompt shows a number.
-            page.wait_for_function(
-                """() => {
-                  const prompts = document.querySelectorAll(".jp-Notebook .jp-Cell .jp-InputPrompt");
-                  return prompts.length === 4 && /\\[\\d+\\]/.test(prompts[3].textContent);
-                }""",
-                timeout=60_000,
-            )
+            assert f"{ITEMS}/{ITEMS} items done" in summary and "--map" in summary, summary
+            # The last cell (a few seconds of samples) is over once its prompt has a number.
+            page.wait_for_function(LAST_CELL_RAN_JS, arg=len(CELLS), timeout=10_000)
             elapsed = time.monotonic() - started
 
             dashboard = page.locator(".jupyter-cluster-dashboard")
-            dashboard.wait_for(timeout=10_000)
-            header = dashboard.locator(".widget-html").first.inner_text()
-            assert "1 node(s)" in header and "updated" in header, header
-            assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text(), report()
+            header = dashboard.locator(".widget-html").first.inner_text(timeout=10_000)
+            assert "embedded local" in header and "1 node(s)" in header and "updated" in header, header
+            assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+            assert dashboard.locator("canvas").count() >= 3  # Playwright's CSS locators pierce Bokeh's shadow roots
 
-            canvases = dashboard.locator("canvas")
-            assert canvases.count() >= 3, f"{canvases.count()} canvases in the dashboard\n{report()}"
-
-            page.screenshot(path=str(ARTIFACTS / "page.png"), full_page=True)
-            dashboard.screenshot(path=str(ARTIFACTS / "dashboard.png"))
+            # BokehJS has the node's bars (a "CPU" row) and several points in time.
+            page.wait_for_function(
+                f"() => {{ const d = ({BOKEH_DATA_JS})(); return d.bars && d.series &&"
+                " d.bars.y.some((y) => y[1] === 'CPU') && d.series.t.length >= 3; }",
+                timeout=30_000,
+            )
             data = page.evaluate(BOKEH_DATA_JS)
-            print(data)
-            print(page.evaluate("""() => {
-              const out = [];
-              for (const view of window.Bokeh.index) {
-                for (const m of view.model.document._all_models.values()) {
-                  if (m.type === "FactorRange" || (m.data && "frac" in m.data)) {
-                    const d = m.data ? m.data.y : m.factors;
-                    out.push([m.type, m.id, typeof d, d && d.constructor && d.constructor.name, String(d), JSON.stringify(d), d && d.length]);
-                  }
-                }
-              }
-              return out;
-            }"""))
-            assert "bars" in data and "series" in data, f"BokehJS data: {data}\n{report()}"
-            assert any(y.endswith(",CPU") for y in data["bars"]["y"]), data["bars"]
-            assert len(data["series"]["t"]) >= 3, data["series"]
 
             page.screenshot(path=str(ARTIFACTS / "page.png"), full_page=True)
             dashboard.screenshot(path=str(ARTIFACTS / "dashboard.png"))
-            pixels = np.asarray(Image.open(ARTIFACTS / "dashboard.png").convert("RGB"))
-            non_white = int((pixels.min(axis=-1) < 235).sum())
-            colours = len(np.unique(pixels.reshape(-1, 3), axis=0))
-            ram, cpu = _colour_share(pixels, RAM_GREEN), _colour_share(pixels, CPU_BLUE)
-            drawn = f"{non_white} non-white pixels of {pixels.shape[0] * pixels.shape[1]}, {colours} colours"
-            drawn += f", RAM green {ram}, CPU blue {cpu}"
-            print(f"\nall cells ran in {elapsed:.1f} s; {summary}; header: {header}; dashboard: {drawn}")
-            assert non_white > 0.02 * pixels.shape[0] * pixels.shape[1], drawn
-            assert colours >= 20, drawn
-            assert ram >= 50, drawn  # the RAM bar: drawn only by the node plot
-            assert cpu >= 20, drawn  # the CPU line (and its legend entry)
-            errors = [line for line in console if line.startswith(("[error]", "[pageerror]"))]
-            report()
-            assert not [e for e in errors if "bokeh" in e.lower() or "widget" in e.lower()], report()
+            drawn = _drawn(ARTIFACTS / "dashboard.png")
+            print(
+                f"\nall cells ran in {elapsed:.1f} s\nprogress: {summary}\nheader: {header}\n"
+                f"bokeh: {len(data['bars']['y'])} node bars {data['bars']['text']}, {len(data['series']['t'])} points"
+                f"\ndashboard.png: {drawn}"
+            )
+            area = drawn["width"] * drawn["height"]
+            assert drawn["non_white"] > 0.02 * area, drawn
+            assert drawn["colours"] >= 20, drawn
+            assert drawn["ram_green"] >= 50, drawn  # the RAM bar: only the node plot draws in that green
+            assert drawn["cpu_blue"] >= 50, drawn  # the CPU bar, line and legend entry
+            assert not _console_problems(console), report()
+        except (AssertionError, PlaywrightError) as exc:
+            try:
+                page.screenshot(path=str(ARTIFACTS / "page-failed.png"), full_page=True)
+            except PlaywrightError:
+                pass
+            raise AssertionError(f"{exc}\n{report()}") from exc
         finally:
+            report()
             browser.close()

@@ -32,6 +32,12 @@ EXPECTED: dict[str, list[str]] = {
         "counter actor: 4",
         "ray actor counter: 4",
         "both ways agree",
+        "Cell In[",  # the --map bar's summary: "Cell In[n] --map: 200/200 items done in ..."
+        "200/200 items done in",
+        "jc.map(work): 8/8 calls done in",
+        "8 calls finished",
+        "remote loop: 100% 20/20",
+        "dashboard: 1 node(s)",
         "Stopped the embedded cluster.",
     ],
 }
@@ -88,3 +94,23 @@ def test_example_runs(path: Path, python3_kernel: str, tmp_path: Path) -> None:
     printed = "\n".join(text for cell in nb.cells if cell.cell_type == "code" for text in _texts(cell))
     missing = [text for text in EXPECTED.get(path.name, []) if text not in printed]
     assert not missing, f"{path.name}: expected output not found: {missing}\n--- output ---\n{printed}"
+    _static_views(nb, path.name)
+
+
+def _static_views(nb: Any, name: str) -> None:
+    """Read without a kernel (converted to HTML), every widget shows what it last showed: no
+    live-only output is left where a snapshot belongs."""
+    from nbconvert import HTMLExporter
+
+    page, _ = HTMLExporter().from_notebook_node(nb)
+    if name == "01-quickstart.ipynb":
+        assert 'class="jc-dashboard-snapshot"' in page and "(head)" in page, "no dashboard snapshot in the HTML"
+        assert page.count('class="jc-progress jc-done"') >= 2, "the progress bars did not end as summaries"
+        assert 'class="jc-remote-bar"' in page and 'class="jc-card jc-status"' in page
+    views = [
+        o
+        for c in nb.cells
+        for o in c.get("outputs", [])
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    ]
+    assert all("text/html" in o["data"] for o in views), "a widget output without a static snapshot"

@@ -145,6 +145,8 @@ class Frame:
     header: dict[str, Any]
     payload: bytes = b""
     buffers: Buffers = ()
+    #: Bytes it took on the wire, for a frame that was read (prefix and header included).
+    wire: int = field(default=0, compare=False)
 
     @property
     def type(self) -> str:
@@ -191,7 +193,8 @@ async def read_frame(reader: asyncio.StreamReader, heard: Callable[[], None] | N
         payload = bytes(await _read_buffer(reader, payload_len, heard))
     sizes = header.pop("oob", ())
     buffers = tuple([await _read_buffer(reader, int(n), heard) for n in sizes])
-    return Frame(header, payload, buffers)
+    wire = _PREFIX.size + head_len + payload_len + sum(len(b) for b in buffers)
+    return Frame(header, payload, buffers, wire)
 
 
 async def _read_buffer(reader: asyncio.StreamReader, size: int, heard: Callable[[], None] | None = None) -> bytearray:
