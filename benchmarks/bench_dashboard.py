@@ -34,7 +34,7 @@ IDLE = (Path(__file__).resolve().parent.parent / "tests" / "data" / "ray_metrics
 class _Node(http.server.BaseHTTPRequestHandler):
     """A node whose load changes on every scrape."""
 
-    def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+    def do_GET(self) -> None:
         text = re.sub(r"^(ray_node_cpu_utilization\{[^}]*\}) \S+", rf"\1 {random.uniform(5, 95):.1f}", IDLE, flags=re.M)
         text = re.sub(r"^(ray_node_mem_used\{[^}]*\}) \S+", rf"\1 {random.uniform(1e9, 8e9):.0f}", text, flags=re.M)
         text = re.sub(
