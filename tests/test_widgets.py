@@ -193,6 +193,14 @@ def test_unreachable_endpoints_mark_their_nodes_stale(kernel: Kernel, nodes: dic
     assert set(greys) == {"#c8c8c8"}, greys
 
 
+def test_the_dashboard_goes_on_after_a_dropped_link(kernel: Kernel) -> None:
+    before = _value(kernel, "(dash.feed.deltas, len(dash.series.data['t']))")
+    kernel.ok("jc.current()._link.drop_connection()")
+    after = _poll(kernel, "(dash.feed.deltas, len(dash.series.data['t']))", lambda v: v[0] >= before[0] + 2, timeout=40)
+    assert after[0] >= before[0] + 2 and after[1] > before[1], (before, after)
+    assert _value(kernel, "dash.feed.watching and 'stopped' not in dash.header.value")
+
+
 def test_a_node_that_joins_and_leaves(kernel: Kernel, tmp_path: Path) -> None:
     address = result(kernel.ok("%%remote --driver\nray.get_runtime_context().gcs_address"))
     assert address is not None

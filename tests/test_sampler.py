@@ -1,0 +1,138 @@
+"""The agent's metrics sampler on its own: real HTTP endpoints, a fake session (no Ray needed).
+
+What it must do besides drawing-independent parsing (``test_metrics.py``): scrape only
+while a watcher's kernel is attached; send a watcher everything first and then only what
+changed; tell a node that left; keep a node whose endpoint fails, marked stale; send
+Ray's token where one is at hand; stop when the last watcher goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_cluster.agent._sampler import MetricsSampler
+
+IDLE = (Path(__file__).parent / "data" / "ray_metrics_idle.txt").read_bytes()
+
+
+class _Node(http.server.BaseHTTPRequestHandler):
+    body = IDLE
+    token: str | None = None
+    hits = 0
+
+    def do_GET(self) -> None:
+        type(self).hits += 1
+        if self.token and self.headers.get("Authorization") != f"Bearer {self.token}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def node() -> Iterator[tuple[type[_Node], int]]:
+    handler = type("Node", (_Node,), {"hits": 0})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+class Session:
+    def __init__(self, attached: bool = True) -> None:
+        self.writer: object | None = object() if attached else None
+
+
+def _listing(port: int, ids: list[str]) -> list[dict[str, Any]]:
+    return [
+        {"NodeID": i, "Alive": True, "NodeManagerAddress": "127.0.0.1", "MetricsExportPort": port, "Resources": {}}
+        for i in ids
+    ]
+
+
+def test_only_while_attached_and_only_what_changed(node: tuple[type[_Node], int]) -> None:
+    handler, port = node
+    ids = ["a", "b"]
+
+    async def scenario() -> None:
+        sampler = MetricsSampler(
+            asyncio.get_running_loop(), interval=0.05, nodes_every=0, list_nodes=lambda: _listing(port, ids)
+        )
+        session = Session(attached=False)
+        events: list[dict[str, Any]] = []
+        watch = asyncio.ensure_future(sampler.watch("w1", session, lambda kind, data: events.append(data)))
+        await asyncio.sleep(0.3)
+        assert sampler.rounds == 0 and handler.hits == 0 and not events  # detached: nothing scraped
+        session.writer = object()
+        await asyncio.sleep(0.3)
+        assert sampler.rounds >= 2
+        first = events[0]
+        assert set(first["nodes"]) == {"a", "b"} and first["nodes"]["a"]["address"] == "127.0.0.1"
+        assert first["nodes"]["a"]["stale"] is None and "mem_total" in first["nodes"]["a"]
+        assert len(events) == 1, "an unchanged node was sent again"
+        ids.remove("b")
+        await asyncio.sleep(0.3)
+        assert events[-1]["left"] == ["b"] and events[-1]["nodes"] == {}
+        assert sampler.unwatch("w1") and not sampler.unwatch("w1")
+        await asyncio.wait_for(watch, 1)
+        hits = handler.hits
+        await asyncio.sleep(0.3)
+        assert handler.hits == hits, "it kept scraping with no one watching"
+        sampler.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_endpoint_keeps_its_values_marked_stale(node: tuple[type[_Node], int]) -> None:
+    handler, port = node
+
+    async def scenario() -> None:
+        sampler = MetricsSampler(asyncio.get_running_loop(), timeout=0.5, list_nodes=lambda: _listing(port, ["a"]))
+        nodes = await sampler.sample()
+        assert nodes["a"]["stale"] is None
+        handler.token = "secret"  # now it wants a token we do not have
+        nodes = await sampler.sample()
+        assert nodes["a"]["stale"] == "its metrics endpoint answered HTTP 401"
+        assert nodes["a"]["mem_total"] > 0  # the last values stay
+        sampler.close()
+
+    asyncio.run(scenario())
+
+
+def test_rays_token_is_sent_where_one_is_at_hand(node: tuple[type[_Node], int], monkeypatch: Any) -> None:
+    handler, port = node
+    handler.token = "t0ken"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "t0ken")
+
+    async def scenario() -> None:
+        sampler = MetricsSampler(asyncio.get_running_loop(), list_nodes=lambda: _listing(port, ["a"]))
+        assert (await sampler.sample())["a"]["stale"] is None
+        sampler.close()
+
+    asyncio.run(scenario())
+
+
+def test_bad_extra_nodes_are_ignored_with_a_warning(monkeypatch: Any, caplog: Any) -> None:
+    monkeypatch.setenv("JUPYTER_CLUSTER_METRICS_NODES", '[{"id": "x"}]')
+
+    async def scenario() -> None:
+        sampler = MetricsSampler(asyncio.get_running_loop(), list_nodes=list)
+        assert await sampler.endpoints() == {}
+        sampler.close()
+
+    asyncio.run(scenario())
+    assert "JUPYTER_CLUSTER_METRICS_NODES" in caplog.text
