@@ -1,23 +1,25 @@
 """What a live dashboard costs: CPU of the kernel and the agent, bytes on the link, map throughput.
 
 A real ``ipykernel`` starts the embedded cluster with ten more nodes simulated: ten
-HTTP endpoints here serve a recorded Ray metrics text (``tests/data/ray_metrics_idle.txt``)
-whose CPU, memory and object-store values change on every scrape, which is the worst
-case (Ray itself refreshes node stats every 5 s). The agent scrapes all eleven nodes at
-1 Hz while a dashboard is open. Side by side in one run:
+HTTP endpoints here serve a whole recorded scrape of a Ray 2.60 node
+(``tests/data/ray_metrics_full.txt.gz``, ~350 KB) whose CPU, memory and object-store
+values change every ``--change-every`` seconds (5 by default, as Ray refreshes node
+stats; 1 is the worst case, new values at every scrape). The agent scrapes all eleven
+nodes at 1 Hz while a dashboard is open. Side by side in one run:
 
 - CPU of the kernel process and of the agent process (``psutil``), as a share of one core,
   over ``--seconds`` with no dashboard, then with one shown; the difference is its cost;
 - bytes the kernel received from the agent per second, with and without;
 - a ``%%remote --map`` of 2,000 tiny items, timed with the dashboard off and on, interleaved.
 
-Run: ``python benchmarks/bench_dashboard.py [--seconds 20] [--nodes 10] [--rounds 3]``.
+Run: ``python benchmarks/bench_dashboard.py [--seconds 20] [--nodes 10] [--rounds 3] [--change-every 5]``.
 Targets: kernel <= 2 % of a core, agent <= 3 %, <= 20 KB/s, map throughput >= 0.95x.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import http.server
 import json
 import random
@@ -26,24 +28,39 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-IDLE = (Path(__file__).resolve().parent.parent / "tests" / "data" / "ray_metrics_idle.txt").read_text()
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+#: One idle node's whole scrape, as Ray 2.60 served it (~350 KB, 112 families).
+FULL = gzip.decompress((DATA / "ray_metrics_full.txt.gz").read_bytes()).decode()
+CHANGE_EVERY = 5.0
+
+
+def _varied(text: str, seed: int) -> bytes:
+    rng = random.Random(seed)
+    text = re.sub(r"^(ray_node_cpu_utilization\{[^}]*\}) \S+", rf"\1 {rng.uniform(5, 95):.1f}", text, flags=re.M)
+    text = re.sub(r"^(ray_node_mem_used\{[^}]*\}) \S+", rf"\1 {rng.uniform(1e9, 8e9):.0f}", text, flags=re.M)
+    text = re.sub(
+        r'^(ray_object_store_memory\{[^}]*Location="MMAP_SHM"[^}]*\}) \S+',
+        rf"\1 {rng.uniform(0, 4e9):.0f}",
+        text,
+        flags=re.M,
+    )
+    return text.encode()
 
 
 class _Node(http.server.BaseHTTPRequestHandler):
-    """A node whose load changes on every scrape."""
+    """A node whose load changes every ``CHANGE_EVERY`` s (Ray refreshes node stats every 5 s)."""
+
+    index = 0
+    cache: ClassVar[dict[int, bytes]] = {}
 
     def do_GET(self) -> None:
-        text = re.sub(r"^(ray_node_cpu_utilization\{[^}]*\}) \S+", rf"\1 {random.uniform(5, 95):.1f}", IDLE, flags=re.M)
-        text = re.sub(r"^(ray_node_mem_used\{[^}]*\}) \S+", rf"\1 {random.uniform(1e9, 8e9):.0f}", text, flags=re.M)
-        text = re.sub(
-            r'^(ray_object_store_memory\{[^}]*Location="MMAP_SHM"[^}]*\}) \S+',
-            rf"\1 {random.uniform(0, 4e9):.0f}",
-            text,
-            flags=re.M,
-        )
-        body = text.encode()
+        epoch = int(time.time() / CHANGE_EVERY + self.index / 10)  # the nodes change at different moments
+        body = self.cache.get(epoch)
+        if body is None:
+            self.cache.clear()
+            body = self.cache[epoch] = _varied(FULL, epoch * 100 + self.index)
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -55,8 +72,9 @@ class _Node(http.server.BaseHTTPRequestHandler):
 
 def _serve_nodes(count: int) -> list[http.server.ThreadingHTTPServer]:
     servers = []
-    for _ in range(count):
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Node)
+    for index in range(count):
+        handler = type(f"Node{index}", (_Node,), {"index": index, "cache": {}})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
     return servers
@@ -139,7 +157,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds of each CPU measurement")
     parser.add_argument("--nodes", type=int, default=10, help="simulated nodes besides the real one")
     parser.add_argument("--rounds", type=int, default=3, help="map timings of each kind")
+    parser.add_argument("--change-every", type=float, default=5.0, help="seconds between a node's new values")
     args = parser.parse_args()
+    global CHANGE_EVERY
+    CHANGE_EVERY = args.change_every
 
     import psutil
 
@@ -174,7 +195,10 @@ def main() -> None:
         for server in servers:
             server.shutdown()
 
-    print(f"dashboard over {nodes} nodes ({args.nodes} simulated, values changing every scrape), {deltas} deltas")
+    print(
+        f"dashboard over {nodes} nodes ({args.nodes} simulated from a whole recorded scrape, new values every "
+        f"{args.change_every:g} s), {deltas} deltas"
+    )
     print(f"{'':34s} {'off':>8s} {'on':>8s} {'cost':>8s}  target")
     for key, label, target in (
         ("kernel", "kernel CPU (% of a core)", "<= 2"),

@@ -44,13 +44,14 @@ def keep_drawn(text: str) -> str:
     return "\n".join(kept) + "\n"
 
 
-def summarize(text: str) -> NodeSample:
+def summarize(text: str, kept: bool = False) -> NodeSample:
     """One node's state from its metrics text: CPU %, memory, object store by location and
-    its capacity, each GPU, tasks and actors by state, and logical resources (used, total)."""
+    its capacity, each GPU, tasks and actors by state, and logical resources (used, total).
+    ``kept``: the text holds only the drawn families already (see :func:`keep_drawn`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     node: NodeSample = {"store": {}, "gpus": {}, "tasks": {}, "actors": {}, "resources": {}}
-    for family in text_string_to_metric_families(keep_drawn(text)):
+    for family in text_string_to_metric_families(text if kept else keep_drawn(text)):
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, float(sample.value)
             if name == "ray_node_cpu_utilization":

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._metrics import NodeSample, changes, summarize
+from ._metrics import NodeSample, changes, keep_drawn, summarize
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -93,14 +93,14 @@ def _token() -> str | None:
         return None
 
 
-def scrape(endpoint: Endpoint, timeout: float, token: str | None = None) -> NodeSample:
-    """One node's state from its endpoint (blocking; raises on any failure)."""
+def scrape(endpoint: Endpoint, timeout: float, token: str | None = None) -> str:
+    """The drawn families of one node's metrics text (blocking; raises on any failure)."""
     request = urllib.request.Request(endpoint.url)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         text = answer.read().decode("utf-8", errors="replace")
-    return summarize(text)
+    return keep_drawn(text)
 
 
 def _why(exc: BaseException) -> str:
@@ -139,6 +139,9 @@ class MetricsSampler:
         self._extra = _extra_endpoints()
         self._token = _token()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="metrics")
+        #: Each node's last drawn text and what it says: Ray refreshes most values every few
+        #: seconds, so most scrapes find the same text, and need no parsing.
+        self._parsed: dict[str, tuple[str, NodeSample]] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def watch(self, watch_id: str, session: Any, emit: Callable[..., None]) -> None:
@@ -181,6 +184,15 @@ class MetricsSampler:
         if delta is not None:
             watcher.emit("metrics", delta)
 
+    def _read(self, node_id: str, endpoint: Endpoint) -> NodeSample:
+        text = scrape(endpoint, self.timeout, self._token)
+        last = self._parsed.get(node_id)
+        if last is not None and last[0] == text:
+            return dict(last[1])
+        sample = summarize(text, kept=True)
+        self._parsed[node_id] = (text, sample)
+        return dict(sample)
+
     async def endpoints(self) -> dict[str, Endpoint]:
         """The nodes to scrape: Ray's live nodes (listed again every ``nodes_every`` s) and any extra."""
         if time.monotonic() - self._listed_at > self.nodes_every:
@@ -199,7 +211,7 @@ class MetricsSampler:
         """Scrape every node at once; a node that fails keeps its last values, marked stale."""
         endpoints = await self.endpoints()
         scrapes = {
-            node_id: self.loop.run_in_executor(self._pool, scrape, endpoint, self.timeout, self._token)
+            node_id: self.loop.run_in_executor(self._pool, self._read, node_id, endpoint)
             for node_id, endpoint in endpoints.items()
         }
         nodes: dict[str, NodeSample] = {}
@@ -214,6 +226,8 @@ class MetricsSampler:
             sample.update(address=endpoint.address, head=endpoint.head)
             nodes[node_id] = sample
         self.nodes = nodes
+        for node_id in set(self._parsed) - set(nodes):
+            del self._parsed[node_id]
         self.rounds += 1
         return nodes
 
