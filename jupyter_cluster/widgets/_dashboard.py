@@ -165,14 +165,16 @@ class Dashboard(ipywidgets.VBox):
         self.state_plot = figure(
             title="Tasks and actors",
             y_range=self._state_factors,
-            x_range=DataRange1d(start=0),
+            x_range=DataRange1d(start=0, range_padding=0.25),
             width=320,
             height=120,
             toolbar_location=None,
             name="states",
         )
         self.state_plot.hbar(y="y", right="count", height=0.75, color="color", source=self.states)
-        self.state_plot.text(x=0, y="y", text="text", source=self.states, text_font_size="9pt", text_baseline="middle")
+        self.state_plot.text(
+            x="count", y="y", text="text", source=self.states, text_font_size="9pt", text_baseline="middle", x_offset=3
+        )
         self.state_plot.ygrid.grid_line_color = None
 
         self.time_plot = figure(
@@ -289,7 +291,7 @@ class Dashboard(ipywidgets.VBox):
             for i in sorted(self.feed.nodes, key=lambda i: (not self.feed.nodes[i].get("head"), self.labels.get(i, i)))
             if i in self._rows
             for metric in self._rows[i]
-        ]
+        ][::-1]  # a categorical axis counts from the bottom: the head and its object store on top
         # The factors before the rows: BokehJS throws on (node, metric) rows its range does not know yet.
         if new["y"] or left or list(self._node_factors.factors) != shown:
             self._node_factors.factors = shown
@@ -325,7 +327,7 @@ class Dashboard(ipywidgets.VBox):
                     patches["count"].append((index, 0))
                     patches["text"].append((index, "0"))
         if new["y"]:
-            self._state_factors.factors = list(self._state_rows)  # before the rows, as for the nodes
+            self._state_factors.factors = list(self._state_rows)[::-1]  # before the rows, as for the nodes
             self.state_plot.height = 60 + 20 * len(self._state_rows)
             self.states.stream(new)
         if patches["count"]:
