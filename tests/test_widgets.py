@@ -135,16 +135,20 @@ def test_the_dashboard_draws_by_stream_and_patch_only(kernel: Kernel) -> None:
     )
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert "jc-dashboard-snapshot" in bundle["text/html"] and "(head)" in bundle["text/html"], bundle["text/html"]
-    # Samples keep coming: the time series grows, row by row.
+    # Samples keep coming: the time series grows, row by row, and no view is drawn again whole.
+    kernel.ok("resent = []\ndash.plots.observe(lambda change: resent.append(1), names='render_bundle')")
     first = _value(kernel, "len(dash.series.data['t'])")
     grown = _poll(kernel, "len(dash.series.data['t'])", lambda n: n >= first + 2)
     assert grown >= first + 2, (first, grown)
     rows = _value(kernel, "sorted(set(m for _, m in dash.bars.data['y']))")
     assert {"CPU", "RAM", "object store", "GPU 0", "GPU 1", "GPU 1 memory"} <= set(rows), rows
+    states = _value(kernel, "dict(zip(dash.states.data['y'], dash.states.data['count']))")
+    assert states[("actors", "alive")] >= 1 and states[("tasks", "running")] >= 0, states  # the output relay
     kinds = _value(kernel, "sorted(set(events))")
     data_events = [k for k in kinds if k[0] in ("ColumnsStreamedEvent", "ColumnsPatchedEvent")]
     assert data_events, kinds
     assert ("ModelChangedEvent", "data") not in kinds and not any(k[0] == "ColumnDataChangedEvent" for k in kinds)
+    assert _value(kernel, "len(resent)") == 0
 
 
 def test_gpus_from_the_reporter_agents_metric_names(kernel: Kernel) -> None:

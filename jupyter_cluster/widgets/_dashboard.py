@@ -35,6 +35,38 @@ COLORS = {
 }
 STALE = "#c8c8c8"
 STATES = {"tasks": "#4c78a8", "actors": "#b279a2"}
+#: The rows of the tasks-and-actors plot, fixed (so the plot never needs new rows): Ray's
+#: fine-grained states (``ray_tasks{State}``, ``ray_actors{State}``) summed into these.
+GROUPS = {
+    "tasks": ("pending", "running", "finished", "failed"),
+    "actors": ("pending", "alive", "restarting", "dead"),
+}
+
+
+def _group(kind: str, state: str) -> str | None:
+    if kind == "tasks":
+        if state.startswith("RUNNING"):
+            return "running"
+        if state in ("FINISHED", "FAILED"):
+            return state.lower()
+        return "pending"  # PENDING_*, SUBMITTED_TO_WORKER, GETTING_AND_PINNING_ARGS...
+    if state in ("ALIVE", "RESTARTING", "DEAD"):  # ALIVE_IDLE, ALIVE_RUNNING_TASKS: kinds of ALIVE
+        return state.lower()
+    if state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY"):
+        return "pending"
+    return None
+
+
+def state_groups(cluster: NodeSample) -> dict[tuple[str, str], float]:
+    """``{("tasks", "running"): 3.0, ...}`` from a cluster's totals."""
+    groups: dict[tuple[str, str], float] = {}
+    for kind in GROUPS:
+        for state, count in cluster.get(kind, {}).items():
+            group = _group(kind, state)
+            if group is not None:
+                groups[kind, group] = groups.get((kind, group), 0.0) + count
+    return groups
+
 
 _bokeh_loaded = False
 _bokeh_lock = threading.Lock()
@@ -104,9 +136,10 @@ def snapshot_html(nodes: dict[str, NodeSample], labels: dict[str, str] | None = 
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     cluster = totals(nodes.values())
+    groups = state_groups(cluster)
     states = []
-    for kind in ("tasks", "actors"):
-        counts = ", ".join(f"{s.lower()} {n:.0f}" for s, n in sorted(cluster[kind].items()) if n) or "none"
+    for kind, names in GROUPS.items():
+        counts = ", ".join(f"{g} {groups[kind, g]:.0f}" for g in names if groups.get((kind, g))) or "none"
         states.append(f"{kind}: {counts}")
     title = title or f"Cluster dashboard: {len(nodes)} node(s)"
     return (
@@ -138,16 +171,18 @@ class Dashboard(ipywidgets.VBox):
         self.closed = False
         self._token: int | None = None
         self._rows: dict[str, dict[str, int]] = {}  # node id -> metric -> row index
-        self._state_rows: dict[tuple[str, str], int] = {}
         self._displays: list[Any] = []
         self._lock = threading.Lock()
 
         self.bars = ColumnDataSource({"y": [], "frac": [], "text": [], "color": [], "node": []})
         self.series = ColumnDataSource({"t": [], "cpu": [], "gpu": [], "store": []})
-        self.states = ColumnDataSource({"y": [], "count": [], "text": [], "color": []})
+        rows = [(kind, group) for kind, names in GROUPS.items() for group in names]
+        self.states = ColumnDataSource(
+            {"y": rows, "count": [0.0] * len(rows), "text": ["0"] * len(rows), "color": [STATES[k] for k, _ in rows]}
+        )
 
         self._node_factors: Any = FactorRange(factors=[], factor_padding=0.1, group_padding=0.6)
-        self._state_factors: Any = FactorRange(factors=[], group_padding=0.6)
+        self._state_factors: Any = FactorRange(factors=rows[::-1], group_padding=0.6)
         self.node_plot = figure(
             title="Nodes",
             y_range=self._node_factors,
@@ -167,7 +202,7 @@ class Dashboard(ipywidgets.VBox):
             y_range=self._state_factors,
             x_range=DataRange1d(start=0, range_padding=0.25),
             width=320,
-            height=120,
+            height=60 + 20 * len(rows),
             toolbar_location=None,
             name="states",
         )
@@ -218,7 +253,7 @@ class Dashboard(ipywidgets.VBox):
             if kind == "metrics":
                 changed = set(data["nodes"])
                 added = self._draw_nodes(changed, left=set(data["left"]))
-                added = self._draw_states() or added
+                self._draw_states()
                 self._stream_point(data["t"], self.feed.totals())
                 if added:
                     self._resend()
@@ -256,8 +291,9 @@ class Dashboard(ipywidgets.VBox):
         then only the changes made while that view is open: a view opened later (the cell's
         own output, drawn after this kernel has already streamed rows into the sources, or
         the notebook opened again) would patch rows it never got. Setting ``render_bundle``
-        redraws every view from the whole document; done when shown and when rows are
-        added, so only a lost point in time or a value the next sample repeats can be missed.
+        redraws every view from the whole document. It is done only when the dashboard is
+        shown and when a node first appears (rows are added); everything else is ``stream``
+        and ``patch``.
         """
         self.plots.render_bundle = self.plots._model_to_traits(self.figures)
 
@@ -302,37 +338,17 @@ class Dashboard(ipywidgets.VBox):
             self.bars.patch(patches)
         return bool(new["y"])
 
-    def _draw_states(self) -> bool:
-        """Draw the task and actor counts; True when rows were added."""
-        cluster = totals(self.feed.nodes.values())
-        new: dict[str, Any] = {"y": [], "count": [], "text": [], "color": []}
+    def _draw_states(self) -> None:
+        """Patch the task and actor counts (their rows are all there from the start)."""
+        groups = state_groups(totals(self.feed.nodes.values()))
         patches: dict[str, list[tuple[int, Any]]] = {"count": [], "text": []}
-        size = len(self.states.data["y"])
-        for kind in ("tasks", "actors"):
-            for state, count in sorted(cluster[kind].items()):
-                key = (kind, state)
-                index = self._state_rows.get(key)
-                text = f"{count:.0f}"
-                if index is None:
-                    if not count:  # a state never seen busy is not worth a row
-                        continue
-                    self._state_rows[key] = size + len(new["y"])
-                    for column, value in zip(new, (key, count, text, STATES[kind]), strict=True):
-                        new[column].append(value)
-                elif self.states.data["count"][index] != count:
-                    patches["count"].append((index, count))
-                    patches["text"].append((index, text))
-            for (k, state), index in self._state_rows.items():  # a state no longer reported is 0
-                if k == kind and state not in cluster[kind] and self.states.data["count"][index] != 0:
-                    patches["count"].append((index, 0))
-                    patches["text"].append((index, "0"))
-        if new["y"]:
-            self._state_factors.factors = list(self._state_rows)[::-1]  # before the rows, as for the nodes
-            self.state_plot.height = 60 + 20 * len(self._state_rows)
-            self.states.stream(new)
+        for index, key in enumerate(self.states.data["y"]):
+            count = groups.get(key, 0.0)
+            if self.states.data["count"][index] != count:
+                patches["count"].append((index, count))
+                patches["text"].append((index, f"{count:.0f}"))
         if patches["count"]:
             self.states.patch(patches)
-        return bool(new["y"])
 
     def _stream_point(self, t: float, cluster: NodeSample) -> None:
         store = 100 * _frac(cluster["store_used"], cluster["store_total"])
