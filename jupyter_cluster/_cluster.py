@@ -104,6 +104,8 @@ class Cluster:
         self.started: Any = None
         #: The metrics the dashboards draw (a :class:`._feed.MetricsFeed`, made by the first).
         self._metrics_feed: Any = None
+        #: ``jc.map`` calls whose progress bar still runs: their handle ids, and their watch.
+        self._trackers: list[tuple[frozenset[str], concurrent.futures.Future[Any]]] = []
         link.on_give_up = self._link_gave_up
         #: Interrupting a cell while the link is down: "cancel" it when the link
         #: returns, or "keep" it running (its result arrives when the link is back).
@@ -342,9 +344,20 @@ class Cluster:
             from .widgets._progress import ProgressBar
 
             bar = ProgressBar(len(handles), f"jc.map({getattr(fn, '__name__', 'fn')})", unit="calls")
-            body = {"handles": [h.id for h in handles], "num_returns": len(handles), "timeout": None, "progress": True}
-            self._link.request("wait", body, _bar_events(bar))
+            ids = [h.id for h in handles]
+            body = {"handles": ids, "num_returns": len(handles), "timeout": None, "progress": True}
+            tracker = self._link.request("wait", body, _bar_events(bar))
+            self._trackers.append((frozenset(ids), tracker.future))
         return handles
+
+    def _settle_trackers(self, ready: Iterable[str]) -> None:
+        """Let the bars of ``jc.map`` calls whose handles are all in ``ready`` draw their end now."""
+        ready = set(ready)
+        for ids, future in list(self._trackers):
+            if future.done():
+                self._trackers.remove((ids, future))
+            elif ids <= ready:
+                concurrent.futures.wait([future], timeout=SETTLE)
 
     def put(self, value: Any) -> ObjectHandle:
         """Store ``value`` in the cluster's object store; return its handle."""
@@ -355,7 +368,9 @@ class Cluster:
     def get(self, handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = None) -> Any:
         """Fetch a handle's value (or a list of them) into the notebook."""
         if isinstance(handle, (list, tuple)):
-            return [self.get(h, timeout) for h in handle]
+            values = [self.get(h, timeout) for h in handle]
+            self._settle_trackers(h.id for h in handle if isinstance(h, ObjectHandle))
+            return values
         if not isinstance(handle, ObjectHandle):
             return handle  # already a value: what a resolved small output is
         if handle.cluster is not None and handle.cluster is not self:
@@ -376,9 +391,9 @@ class Cluster:
     ) -> tuple[list[ObjectHandle], list[ObjectHandle]]:
         """Like ``ray.wait``: ``(ready, not_ready)`` once ``num_returns`` are ready.
 
-        In a notebook, a wait on several handles that lasts over half a second shows a
-        progress bar (ready and failed of all); ``progress=False`` leaves it out,
-        ``progress=True`` shows it at once.
+        In a notebook, a wait for several handles (``num_returns`` > 1) that lasts over
+        half a second shows a progress bar (ready and failed of all); ``progress=False``
+        leaves it out, ``progress=True`` shows it at once.
         """
         handles = list(handles)
         if not handles:
@@ -395,10 +410,11 @@ class Cluster:
         ids = [h.id for h in handles]
         answer_timeout = None if timeout is None else timeout + 30
         body = {"handles": ids, "num_returns": num_returns, "timeout": timeout}
-        if _show_progress(progress, len(handles)):
+        if _show_progress(progress, len(handles) if num_returns > 1 or progress else 1):
             ready_ids = set(self._wait_with_bar(body, answer_timeout, delay=0.0 if progress else 0.5))
         else:
             ready_ids = set(self._call("wait", body, timeout=answer_timeout))
+        self._settle_trackers(ready_ids)
         ready = [h for h in handles if h.id in ready_ids]
         return ready, [h for h in handles if h.id not in ready_ids]
 
@@ -554,6 +570,11 @@ def _show_progress(progress: bool | None, count: int) -> bool:
     return count > 1 and _in_kernel()
 
 
+#: How long a wait that made a ``jc.map`` call's last handle ready gives that call's bar
+#: to draw its end, so that it lands in the same cell (a headless run keeps only that).
+SETTLE = 2.0
+
+
 def _in_kernel() -> bool:
     try:
         from IPython import get_ipython
@@ -572,9 +593,9 @@ def _bar_events(bar: Any, wanted: int | None = None) -> Callable[[str, Any], Non
         elif event == "done":
             ready = len(data)
             if wanted is not None and ready < wanted:
-                bar.finish("timed out", f"{ready} of the {wanted} waited for are ready")
+                bar.finish("timed out", f"{ready} of the {wanted} waited for are ready", done=ready)
             else:
-                bar.finish("done")
+                bar.finish("done", done=ready)
         elif event in ("error", "lost"):
             message = data.get("message") if isinstance(data, dict) else str(data)
             bar.finish("failed", str(message).splitlines()[0] if message else "")

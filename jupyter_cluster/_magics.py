@@ -27,6 +27,7 @@ from . import _cluster
 from ._cell import CellResult, RemoteCell
 from ._errors import CellInterrupted, CellSourceError, ClusterError, RemoteError, plain
 from ._handles import parse_size
+from .widgets._progress import in_current_cell
 
 _MAP = re.compile(r"--map\s+([A-Za-z_]\w*)\s+in\s+(.+?)(?=\s+--[a-z]|\s*$)")
 
@@ -129,7 +130,7 @@ class _CellArea:
                 self._timer.cancel()
                 self._timer = None
             self._sent = time.monotonic()
-            self.handle.update(self)
+            in_current_cell(self.handle.update, self)
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(wait, self._redraw)
 

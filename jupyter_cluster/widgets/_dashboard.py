@@ -161,7 +161,6 @@ class Dashboard(ipywidgets.VBox):
         from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, Range1d
         from bokeh.models.annotations import Legend
         from bokeh.plotting import figure
-        from jupyter_bokeh import BokehModel
 
         load_bokeh()
         self.cluster = cluster
@@ -229,7 +228,7 @@ class Dashboard(ipywidgets.VBox):
         ]
         self.time_plot.add_layout(Legend(items=[(n, [r]) for n, r in lines], location="top_left"), "right")
         self.figures = column(row(self.node_plot, self.state_plot), self.time_plot, name="jupyter-cluster-dashboard")
-        self.plots = BokehModel(self.figures)
+        self.plots = _plots(self.figures)
         self.header = ipywidgets.HTML(value=self._header())
         super().__init__(children=[self.header, self.plots])
         self.add_class("jupyter-cluster-dashboard")
@@ -395,6 +394,28 @@ class Dashboard(ipywidgets.VBox):
         self.plots.close()
         self.header.close()
         super().close()
+
+
+_Plots: Any = None
+
+
+def _plots(figures: Any) -> Any:
+    """A ``jupyter_bokeh.BokehModel`` whose ``close`` may run twice (its own raises the
+    second time, which garbage collection does after an explicit close)."""
+    global _Plots
+    if _Plots is None:
+        from jupyter_bokeh import BokehModel
+
+        class Plots(BokehModel):
+            _closed_once = False
+
+            def close(self) -> None:
+                if not self._closed_once:
+                    self._closed_once = True
+                    super().close()
+
+        _Plots = Plots
+    return _Plots(figures)
 
 
 def dashboard(cluster: Cluster, window: float = 300.0) -> Dashboard:

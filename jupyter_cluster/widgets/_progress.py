@@ -8,6 +8,7 @@ come from any thread: a redraw that has to wait is scheduled on the link's loop.
 
 from __future__ import annotations
 
+import contextvars
 import html
 import json
 import re
@@ -63,7 +64,7 @@ class _Display:
                     _later(wait, self._deferred)
                 return
             self._sent = time.monotonic()
-        self.handle.update(self.bundle(), raw=True)
+        in_current_cell(self.handle.update, self.bundle(), raw=True)
 
     def _deferred(self) -> None:
         with self._lock:
@@ -71,6 +72,18 @@ class _Display:
             if time.monotonic() - self._sent < self.EVERY:  # drawn meanwhile (the final state, say)
                 return
         self.redraw(now=True)
+
+
+def in_current_cell(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn`` so that what it publishes goes out as part of the cell running now.
+
+    ipykernel 7 keeps the cell a message belongs to in a context variable, and a callback
+    on the link's thread carries the context of whatever cell scheduled it, long done. A
+    display update sent so is routed by its display id in JupyterLab, but a headless
+    client (nbclient) keeps only the messages of the cell it runs: in a fresh context
+    the kernel's latest cell is used.
+    """
+    return contextvars.Context().run(fn, *args, **kwargs)
 
 
 def _later(delay: float, fn: Any) -> None:
@@ -117,14 +130,17 @@ class ProgressBar(_Display):
             self.failed = failed
         self.redraw()
 
-    def finish(self, outcome: str = "done", detail: str = "") -> None:
-        """End as one line: ``done``, ``failed`` or ``cancelled``, with ``detail`` (why)."""
+    def finish(self, outcome: str = "done", detail: str = "", done: int | None = None) -> None:
+        """End as one line: ``done``, ``failed`` or ``cancelled``, with ``detail`` (why);
+        ``done``: how many ended (all of them when it is done and this is not given)."""
         if self.outcome is not None:
             return
         self.outcome, self.detail = outcome, detail
         self.ended = time.monotonic()
-        if outcome == "done":
-            self.done, self.running = max(self.done, self.total - self.failed), 0
+        if done is not None:
+            self.done = done
+        elif outcome == "done":
+            self.done = max(self.done, self.total)
         self.running = 0
         self.redraw(now=True)
 
