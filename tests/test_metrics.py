@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_cluster.agent._metrics import changes, keep_drawn, summarize, totals
+from jupyter_cluster.agent import _metrics
+from jupyter_cluster.agent._metrics import LineCache, changes, keep_drawn, summarize, totals
 
 DATA = Path(__file__).parent / "data"
 IDLE = (DATA / "ray_metrics_idle.txt").read_text()
@@ -62,3 +63,19 @@ def test_the_cluster_as_one() -> None:
     assert cluster["store_used"] == 2.0e9 and cluster["store_total"] == pytest.approx(7.503395635e9 + 4.0e9)
     assert cluster["tasks"]["RUNNING"] == 2.0 and cluster["actors"] == {"ALIVE": 1.0}
     assert totals([summarize(IDLE)])["gpu"] is None
+
+
+def test_a_line_cache_parses_only_new_lines_and_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    full = gzip.decompress((DATA / "ray_metrics_full.txt.gz").read_bytes()).decode()  # a whole scrape, 2.60
+    cache = LineCache()
+    kept = keep_drawn(full)
+    assert summarize(kept, kept=True, cache=cache) == summarize(full)
+    cpu = next(line for line in kept.splitlines() if line.startswith("ray_node_cpu_utilization{"))
+    busier = kept.replace(cpu, cpu.rsplit(" ", 1)[0] + " 77.5")
+    parsed: list[str] = []
+    real = _metrics.parse
+    monkeypatch.setattr(_metrics, "parse", lambda text: parsed.append(text) or real(text))
+    node = summarize(busier, kept=True, cache=cache)
+    assert node["cpu"] == 77.5 and parsed == [cpu.rsplit(" ", 1)[0] + " 77.5\n"]  # that line alone

@@ -44,42 +44,71 @@ def keep_drawn(text: str) -> str:
     return "\n".join(kept) + "\n"
 
 
-def summarize(text: str, kept: bool = False) -> NodeSample:
-    """One node's state from its metrics text: CPU %, memory, object store by location and
-    its capacity, each GPU, tasks and actors by state, and logical resources (used, total).
-    ``kept``: the text holds only the drawn families already (see :func:`keep_drawn`)."""
+Sample = tuple[str, dict[str, str], float]
+
+
+def parse(text: str) -> list[Sample]:
+    """The samples of a metrics text: ``(name, labels, value)``, by ``prometheus_client``."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    return [(s.name, s.labels, float(s.value)) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+class LineCache:
+    """Parses a node's kept lines, each only the first time it is seen.
+
+    Between two scrapes of a node most lines are the same (its task counts, its
+    resources); only the lines that changed (its CPU, its memory) are parsed again.
+    """
+
+    def __init__(self) -> None:
+        self._lines: dict[str, list[Sample]] = {}
+
+    def samples(self, kept: str) -> list[Sample]:
+        lines = [line for line in kept.split("\n") if line and not line.startswith("#")]
+        known = {line: self._lines[line] for line in lines if line in self._lines}
+        for line in lines:
+            if line not in known:
+                known[line] = parse(line + "\n")
+        self._lines = known  # only the current lines are kept
+        return [sample for line in lines for sample in known[line]]
+
+
+def summarize(text: str, kept: bool = False, cache: LineCache | None = None) -> NodeSample:
+    """One node's state from its metrics text: CPU %, memory, object store by location and
+    its capacity, each GPU, tasks and actors by state, and logical resources (used, total).
+    ``kept``: the text holds only the drawn families already (see :func:`keep_drawn`);
+    ``cache``: parse only the lines this node's cache has not seen."""
+    text = text if kept else keep_drawn(text)
+    samples = cache.samples(text) if cache is not None else parse(text)
     node: NodeSample = {"store": {}, "gpus": {}, "tasks": {}, "actors": {}, "resources": {}}
-    for family in text_string_to_metric_families(text if kept else keep_drawn(text)):
-        for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, float(sample.value)
-            if name == "ray_node_cpu_utilization":
-                node["cpu"] = value
-            elif name == "ray_node_mem_used":
-                node["mem_used"] = value
-            elif name == "ray_node_mem_total":
-                node["mem_total"] = value
-            elif name == "ray_object_store_memory":
-                location = labels.get("Location", "")
-                node["store"][location] = node["store"].get(location, 0.0) + value
-            elif name == "ray_resources":
-                used, total = node["resources"].get(labels.get("Name", ""), (0.0, 0.0))
-                if labels.get("State") == "USED":
-                    used += value
-                total += value
-                node["resources"][labels.get("Name", "")] = (used, total)
-            elif name in ("ray_tasks", "ray_actors"):
-                states = node[name[4:]]
-                states[labels.get("State", "")] = states.get(labels.get("State", ""), 0.0) + value
-            elif name.startswith(("ray_node_gpus_", "ray_node_gram_")):
-                gpu = node["gpus"].setdefault(labels.get("GpuIndex", "0"), {"name": labels.get("GpuDeviceName", "")})
-                if name == "ray_node_gpus_utilization":
-                    gpu["utilization"] = value
-                elif name == "ray_node_gram_used":
-                    gpu["memory_used"] = value * _MB
-                else:
-                    gpu["memory_available"] = value * _MB
+    for name, labels, value in samples:
+        if name == "ray_node_cpu_utilization":
+            node["cpu"] = value
+        elif name == "ray_node_mem_used":
+            node["mem_used"] = value
+        elif name == "ray_node_mem_total":
+            node["mem_total"] = value
+        elif name == "ray_object_store_memory":
+            location = labels.get("Location", "")
+            node["store"][location] = node["store"].get(location, 0.0) + value
+        elif name == "ray_resources":
+            used, total = node["resources"].get(labels.get("Name", ""), (0.0, 0.0))
+            if labels.get("State") == "USED":
+                used += value
+            total += value
+            node["resources"][labels.get("Name", "")] = (used, total)
+        elif name in ("ray_tasks", "ray_actors"):
+            states = node[name[4:]]
+            states[labels.get("State", "")] = states.get(labels.get("State", ""), 0.0) + value
+        elif name.startswith(("ray_node_gpus_", "ray_node_gram_")):
+            gpu = node["gpus"].setdefault(labels.get("GpuIndex", "0"), {"name": labels.get("GpuDeviceName", "")})
+            if name == "ray_node_gpus_utilization":
+                gpu["utilization"] = value
+            elif name == "ray_node_gram_used":
+                gpu["memory_used"] = value * _MB
+            else:
+                gpu["memory_available"] = value * _MB
     node["store_used"] = sum(node["store"].values())
     node["store_total"] = node["resources"].get("object_store_memory", (0.0, 0.0))[1]
     return node
@@ -108,4 +137,4 @@ def totals(nodes: Iterable[NodeSample]) -> NodeSample:
     return merged
 
 
-__all__ = ["FAMILIES", "NodeSample", "changes", "keep_drawn", "summarize", "totals"]
+__all__ = ["FAMILIES", "LineCache", "NodeSample", "Sample", "changes", "keep_drawn", "parse", "summarize", "totals"]

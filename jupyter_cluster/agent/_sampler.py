@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._metrics import NodeSample, changes, keep_drawn, summarize
+from ._metrics import LineCache, NodeSample, changes, keep_drawn, summarize
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -142,6 +142,7 @@ class MetricsSampler:
         #: Each node's last drawn text and what it says: Ray refreshes most values every few
         #: seconds, so most scrapes find the same text, and need no parsing.
         self._parsed: dict[str, tuple[str, NodeSample]] = {}
+        self._lines: dict[str, LineCache] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def watch(self, watch_id: str, session: Any, emit: Callable[..., None]) -> None:
@@ -189,7 +190,7 @@ class MetricsSampler:
         last = self._parsed.get(node_id)
         if last is not None and last[0] == text:
             return dict(last[1])
-        sample = summarize(text, kept=True)
+        sample = summarize(text, kept=True, cache=self._lines.setdefault(node_id, LineCache()))
         self._parsed[node_id] = (text, sample)
         return dict(sample)
 
@@ -228,6 +229,7 @@ class MetricsSampler:
         self.nodes = nodes
         for node_id in set(self._parsed) - set(nodes):
             del self._parsed[node_id]
+            self._lines.pop(node_id, None)
         self.rounds += 1
         return nodes
 
