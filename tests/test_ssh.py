@@ -81,6 +81,26 @@ def test_dashboard_is_reached_through_a_port_forward(remote: jc.Cluster) -> None
     assert 200 <= status < 500
 
 
+def test_node_metrics_on_a_head_with_token_authentication(remote: jc.Cluster) -> None:
+    """The head runs Ray with token authentication (as --start-head starts it); its nodes'
+    metrics endpoints still serve the dashboard, through the session."""
+    from jupyter_cluster._feed import MetricsFeed
+
+    mode = remote.run_cell("import os\nmode = os.environ.get('RAY_AUTH_MODE')", mode="driver").result(60)
+    assert mode.outputs["mode"] == "token"
+    load = remote.status().data["nodes"][0]["load"]  # type: ignore[index]
+    assert load is not None and load["stale"] is None and load["mem_total"] > 0, load
+    feed = MetricsFeed.of(remote)
+    got: list[Any] = []
+    token = feed.subscribe(lambda kind, data: got.append(kind))
+    try:
+        assert feed.wait_first(30) and "metrics" in got
+        (node,) = feed.nodes.values()
+        assert node["stale"] is None and node["store_total"] > 0 and node["head"], node
+    finally:
+        feed.unsubscribe(token)
+
+
 def test_agent_listens_on_no_tcp_port_of_its_own(remote: jc.Cluster, tmp_path: Path) -> None:
     pid = remote._link.welcome["pid"]
     agent_ports = _tcp_listeners(pid)
