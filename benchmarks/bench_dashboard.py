@@ -11,8 +11,9 @@ nodes at 1 Hz while a dashboard is open. Side by side in one run:
   over ``--seconds`` with no dashboard, then with one shown; the difference is its cost;
 - bytes the kernel received from the agent per second, with and without;
 - a ``%%remote --map`` of 2,000 tiny items, timed with the dashboard off and on, interleaved
-  (four of each per round; medians, with the quartiles: single maps vary from 0.12 to
-  2 s on this 2-core machine whichever way).
+  (six of each per round). Single maps vary from 0.12 to 2 s on this 2-core machine
+  whichever way (a stall of about a second now and then, with or without a dashboard), so
+  both the median and the mean of the faster half (the steady state) are given.
 
 Run: ``python benchmarks/bench_dashboard.py [--seconds 20] [--nodes 10] [--rounds 3] [--change-every 5]``.
 Targets: kernel <= 2 % of a core, agent <= 3 %, <= 20 KB/s, map throughput >= 0.95x.
@@ -181,7 +182,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds of each CPU measurement")
     parser.add_argument("--nodes", type=int, default=10, help="simulated nodes besides the real one")
-    parser.add_argument("--rounds", type=int, default=8, help="rounds of four maps with and four without")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of six maps with and six without")
     parser.add_argument("--change-every", type=float, default=5.0, help="seconds between a node's new values")
     args = parser.parse_args()
     global CHANGE_EVERY
@@ -208,11 +209,11 @@ def main() -> None:
 
         maps: dict[str, list[float]] = {"off": [], "on": []}
         for _ in range(args.rounds):  # interleaved: on, off, on, off...
-            for _ in range(4):
+            for _ in range(6):
                 maps["on"].append(time_map(kernel))
             kernel.run("dash.close()")
             time.sleep(3)
-            for _ in range(4):
+            for _ in range(6):
                 maps["off"].append(time_map(kernel))
             kernel.run("dash = jc.dashboard()\ndisplay(dash)")
             time.sleep(3)  # its first, whole picture drawn
@@ -234,13 +235,18 @@ def main() -> None:
     kb_off, kb_on = off["bytes"] / 1000, on["bytes"] / 1000
     print(f"{'link, kernel <- agent (KB/s)':34s} {kb_off:8.2f} {kb_on:8.2f} {kb_on - kb_off:8.2f}  <= 20")
     m_off, m_on = statistics.median(maps["off"]), statistics.median(maps["on"])
+    f_off, f_on = (statistics.mean(sorted(maps[k])[: len(maps[k]) // 2]) for k in ("off", "on"))
     for key in ("off", "on"):
         q1, _, q3 = statistics.quantiles(maps[key], n=4)
         print(
             f"  map times, dashboard {key}: median {statistics.median(maps[key]):.3f} s, quartiles {q1:.3f}-{q3:.3f} s"
         )
     print(
-        f"{'--map of 2,000 tiny items (s)':34s} {m_off:8.3f} {m_on:8.3f}  throughput on/off {m_off / m_on:.3f}  >= 0.95"
+        f"{'--map of 2,000 tiny items, median (s)':34s} {m_off:8.3f} {m_on:8.3f}  throughput on/off {m_off / m_on:.3f}"
+        "  >= 0.95"
+    )
+    print(
+        f"{'  the faster half, mean (s)':34s} {f_off:8.3f} {f_on:8.3f}  throughput on/off {f_off / f_on:.3f}  >= 0.95"
     )
 
 
