@@ -98,7 +98,6 @@ class RemoteCell:
         self.progress = (0, 0)
         #: Where it runs (a node's address), once it has started (``--async`` and ``--map`` cells say).
         self.node: str | None = None
-        self.running_since: float | None = None
         #: ``--map``: items whose chunk has started (done ones included).
         self.started_items = 0
         self.stdout = ""
@@ -121,6 +120,11 @@ class RemoteCell:
                 self.handles[name] = ObjectHandle(
                     f"{spec.cell_id}/{name}", cluster=cluster, name=name, pending=True, label=label
                 )
+
+    @property
+    def running_items(self) -> int:
+        """``--map``: items started and not done yet."""
+        return self.started_items - self.progress[0]
 
     @property
     def cell_id(self) -> str:
@@ -205,8 +209,6 @@ class RemoteCell:
             self.status = "running"
             self.node = data.get("node")
             self.started_items += int(data.get("items", 1))
-            if self.running_since is None:
-                self.running_since = time.time()
         elif event == "progress":
             self.progress = (data["done"], data["total"])
         elif event == "done":

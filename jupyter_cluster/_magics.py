@@ -391,7 +391,7 @@ class ClusterMagics(Magics):
                 elif event == "link":
                     print(_link_message(data), file=sys.stderr, flush=True)
                 elif event in ("progress", "running") and bar is not None:
-                    bar.update(done=cell.progress[0], running=cell.started_items - cell.progress[0])
+                    bar.update(done=cell.progress[0], running=cell.running_items)
         except KeyboardInterrupt:
             if bar is not None:
                 bar.finish("cancelled", "interrupted")
@@ -465,7 +465,7 @@ class ClusterMagics(Magics):
                     else:
                         area.add(kind, item)
             elif event in ("progress", "running") and area.bar is not None:
-                area.bar.update(done=cell.progress[0], running=cell.started_items - cell.progress[0])
+                area.bar.update(done=cell.progress[0], running=cell.running_items)
             elif event == "running":
                 area.state = _running(cell)
             elif event == "link":
