@@ -34,6 +34,8 @@ from ._errors import (
     WorkerDiedError,
 )
 from ._handles import ObjectHandle
+from ._runs import Checkpoint, Run, RunError, TrainResult, TuneResult, train_torch, tune
+from .agent._space import SpaceError, choice, grid_search, loguniform, randint, uniform
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -86,7 +88,12 @@ def _owner(handles: Sequence[Any]) -> Cluster:
 
 
 def get(handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = None) -> Any:
-    """``ray.get`` from the notebook: fetch a handle's value (or a list of them)."""
+    """``ray.get`` from the notebook: fetch a handle's value (or a list of them).
+
+    A :class:`Checkpoint` (of ``jc.train_torch`` or ``jc.tune``) is copied here: its
+    files land in a local folder, which is returned."""
+    if isinstance(handle, Checkpoint):
+        return handle.to_directory()
     if not isinstance(handle, (ObjectHandle, list, tuple)):
         return handle  # already a value: what a resolved small output is
     return _owner(handle if isinstance(handle, (list, tuple)) else [handle]).get(handle, timeout)
@@ -128,6 +135,7 @@ __all__ = [
     "CellResult",
     "CellSourceError",
     "CellTimeoutError",
+    "Checkpoint",
     "Cluster",
     "ClusterConnectionError",
     "ClusterError",
@@ -140,17 +148,29 @@ __all__ = [
     "RemoteError",
     "RemoteRepr",
     "RequestError",
+    "Run",
+    "RunError",
+    "SpaceError",
+    "TrainResult",
+    "TuneResult",
     "WaitTimeoutError",
     "WorkerDiedError",
+    "choice",
     "connect",
     "current",
     "dashboard",
     "get",
+    "grid_search",
     "load_ipython_extension",
     "local",
+    "loguniform",
     "map",
     "put",
+    "randint",
     "submit",
+    "train_torch",
+    "tune",
+    "uniform",
     "up",
     "wait",
 ]

@@ -178,6 +178,7 @@ class Cluster:
         timeout: float | None = None,
         pending_handles: bool = False,
         label: str | None = None,
+        ephemeral: bool = False,
     ) -> RemoteCell:
         """Run ``source`` on the cluster; return the running :class:`RemoteCell`.
 
@@ -196,6 +197,9 @@ class Cluster:
             As Ray's task options; ``timeout`` cancels the cell after that many seconds.
         pending_handles
             Make pending handles for the outputs (``--async``), in ``RemoteCell.handles``.
+        ephemeral
+            An actor cell whose actor is its own: made on the head, and stopped when the
+            cell ends, with whatever it started (``jc.train_torch`` and ``jc.tune`` runs).
 
         Examples
         --------
@@ -212,6 +216,10 @@ class Cluster:
         options = self._options(cpus, gpus, memory, resources, retries, timeout)
         if actor:
             options["actor"] = actor
+        if ephemeral:
+            if mode != "actor":
+                raise ValueError("ephemeral=True is for actor cells")
+            options.update(ephemeral=True, head=True)
         analysis = analyse_cell(source)
         # Tracebacks through this cell's code, now or from a later cell, find its lines.
         filename = cell_filename(source)

@@ -223,6 +223,10 @@ class CellRunner:
         finally:
             if timer is not None:
                 timer.cancel()
+            if options.get("ephemeral") and cell.actor:
+                # A run's own actor (jc.train_torch, jc.tune): it goes with its cell, and with
+                # it whatever it started (Ray kills the actors and placement groups it owns).
+                self.kill_actor(cell.actor)
             self.running.pop(spec.cell_id, None)
             self.output.close(spec.cell_id)
             unsettled = [h for h in outputs if self.table.is_pending(h)]
@@ -323,8 +327,11 @@ class CellRunner:
         record = self.actors.get(name)
         if record is None:
             self.cluster.check_feasible(options)
+            extra: dict[str, Any] = {}
+            if options.get("head"):  # where the agent runs: a run's results stay on this node
+                extra["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.node_id, soft=False)
             handle = CellNamespace.options(  # type: ignore[attr-defined]
-                name=f"cell-namespace:{name}", get_if_exists=True, **ray_options(options)
+                name=f"cell-namespace:{name}", get_if_exists=True, **ray_options(options), **extra
             ).remote(name)
             record = self.actors[name] = ActorRecord(handle, handle.where.remote())
             self.killed.discard(name)
@@ -354,6 +361,8 @@ class CellRunner:
         handles = self._settle_outputs(spec, refs[1:])
         self._started(cell, request, {"mode": "actor", "actor": cell.actor})
         outcome = await self._finish(cell, refs[0])
+        if cell.options.get("ephemeral"):  # a run: the events its workers sent come before its end
+            await self.output.drain(cell.cell_id)
         return {"outcome": outcome, "handles": handles}
 
     async def _run_driver(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
@@ -496,6 +505,8 @@ class CellRunner:
     def _abandon(self, cell: RunningCell) -> None:
         if cell.cell_id in self.running and not cell.abandoned.done():
             cell.abandoned.set_result(None)
+            if cell.options.get("ephemeral") and cell.actor:  # nothing in it to keep: stop it all
+                self.kill_actor(cell.actor)
 
     def _would_not_stop(self, cell: RunningCell) -> RemoteFailure:
         """The failure of an actor or driver cell that ignored its interrupt."""

@@ -168,6 +168,12 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
     async def unwatch_metrics(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", sampler.unwatch(body["watch"]), final=True)
 
+    async def checkpoint_files(body: dict[str, Any], session: Any, emit: Any) -> None:
+        from ._train import read_checkpoint
+
+        loop = asyncio.get_running_loop()
+        emit("done", await loop.run_in_executor(None, read_checkpoint, body["path"]), final=True)
+
     async def ping(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", body.get("data"), final=True)
 
@@ -178,6 +184,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
 
     return {
         "cancel": cancel,
+        "checkpoint_files": checkpoint_files,
         "describe": describe,
         "get": get,
         "kill_actor": kill_actor,

@@ -25,6 +25,8 @@ from ._remote import OutputRelay
 log = logging.getLogger("jupyter_cluster.agent")
 
 Batch = list[tuple[str, Any]]
+#: The marker :meth:`OutputPump.drain` sends itself through the relay.
+DRAINED = "__drained__"
 
 
 @dataclass
@@ -37,11 +39,15 @@ class CellStreams:
     early: dict[tuple[int, int], Batch] = field(default_factory=dict)
     following: dict[int, int] = field(default_factory=dict)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
 
     def deliver(self, stream: int, index: int, batch: Batch) -> None:
-        if index < 0:  # not output: a marker (the cell, or a chunk of it, started running)
+        if index < 0:  # not output: a marker (the cell, or a chunk of it, started running; an event)
             for kind, data in batch:
-                self.emit(kind, data)
+                if kind == DRAINED:
+                    self.drained.set()
+                else:
+                    self.emit(kind, data)
             return
         self.early[stream, index] = batch
         following = self.following.get(stream, 0)
@@ -86,6 +92,20 @@ class OutputPump:
     def open(self, cell_id: str, emit: Callable[..., None]) -> CellStreams:
         self.cells[cell_id] = streams = CellStreams(cell_id, emit)
         return streams
+
+    async def drain(self, cell_id: str, timeout: float = 5.0) -> None:
+        """Until everything pushed to the relay for ``cell_id`` so far has been delivered:
+        the relay keeps the order of the pushes it has received, so a marker sent now
+        comes out after them (the events a run's processes sent before it ended)."""
+        streams = self.cells.get(cell_id)
+        if streams is None:
+            return
+        streams.drained.clear()
+        try:
+            await self.relay.push.remote(cell_id, 0, -1, [(DRAINED, None)])
+            await asyncio.wait_for(streams.drained.wait(), timeout)
+        except Exception:
+            log.warning("cell %s: its relay did not drain within %.0f s", cell_id, timeout)
 
     def close(self, cell_id: str) -> None:
         self.cells.pop(cell_id, None)

@@ -76,6 +76,17 @@ def run_cell_in(
 
 _relays: dict[str, Any] = {}
 
+#: The cell an actor runs now (set around each actor cell): what a run's own code
+#: (``jc.train_torch``, ``jc.tune``) reads to send its events to that cell.
+current_spec: CellSpec | None = None
+
+
+def set_current(spec: CellSpec | None) -> None:
+    """Set :data:`current_spec` (a module function: an actor's methods travel by value,
+    with globals of their own, so a ``global`` statement there would not reach this module)."""
+    global current_spec
+    current_spec = spec
+
 
 def _relay_sink(spec: CellSpec, stream: int = 0) -> Any:
     # Looked up by name once per worker: an actor handle as a task argument costs more
@@ -181,12 +192,15 @@ class CellNamespace:
         if spec.announce:
             announce(spec)
         output = CellOutput(_relay_sink(spec))
+        set_current(spec)
         try:
             with self.cells.running(spec.cell_id):
                 outcome, exported = run_cell_in(spec, self.ns, values, output)
         except KeyboardInterrupt as exc:  # an interrupt that landed just outside the cell's code
             failure = failure_from(exc, spec.source, spec.cell_id)
             outcome, exported = CellOutcome(failure=failure, node=node_ip()), failed_outputs(spec, failure)
+        finally:
+            set_current(None)
         return _returns(outcome, exported)
 
     def describe(self) -> dict[str, Any]:

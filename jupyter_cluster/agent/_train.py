@@ -1,0 +1,314 @@
+"""``jc.train_torch`` on the cluster: Ray Train's ``TorchTrainer``, driven from a runner actor.
+
+:func:`run_train` runs in the run's own actor on the head (the Ray Train driver). The
+notebook's ``train_func`` is wrapped so that, in every training worker, each
+``ray.train.report`` is also sent to the notebook the moment it is made (rank, time,
+metrics), the worker's printed output goes to the cell prefixed with its rank, and an
+exception is sent with the notebook's own frames before Ray Train sees it.
+
+:func:`creator_loop` is the training loop of the older creator-style API
+(``model_creator``, ``data_creator``, ``optimizer_creator``, ``loss_creator``): a
+prepared model and loaders, train and validation loss and accuracy each epoch, and a
+checkpoint of the final state.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._runs import (
+    DEFAULT_STORAGE,
+    Captured,
+    RunError,
+    Sender,
+    check_bundles,
+    cluster_totals,
+    current_sender,
+    numbers,
+    plain,
+    relay_of_current,
+)
+
+
+def takes_config(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes the config (Ray Train calls ``train_func()`` or ``train_func(config)``)."""
+    try:
+        return len(inspect.signature(fn).parameters) > 0
+    except (TypeError, ValueError):
+        return True
+
+
+class _Reporting:
+    """Ray Train's report utilities with each report also sent to the notebook first."""
+
+    def __init__(self, inner: Any, send: Callable[[str, Any], None], rank: int, world: int) -> None:
+        self._inner = inner
+        self._send = send
+        self._rank = rank
+        self._world = world
+        self._count = 0
+
+    def report(self, metrics: dict[str, Any], checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        self._count += 1
+        self._send(
+            "train",
+            {
+                "type": "report",
+                "rank": self._rank,
+                "world": self._world,
+                "report": self._count,
+                "time": time.time(),
+                "metrics": numbers(metrics),
+                "checkpoint": checkpoint is not None,
+            },
+        )
+        return self._inner.report(metrics, checkpoint, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def wrap(train_func: Callable[..., Any], relay: str, cell_id: str) -> Callable[[dict[str, Any]], Any]:
+    """``train_func`` as each worker runs it: reports, output and errors go to the notebook."""
+    with_config = takes_config(train_func)
+
+    def train_func_in_notebook(config: dict[str, Any]) -> Any:
+        import ray.train
+        from ray.train.v2._internal.execution import train_fn_utils
+
+        from ._execute import failure_from
+
+        context = ray.train.get_context()
+        rank, world = context.get_world_rank(), context.get_world_size()
+        send = Sender(relay, cell_id)
+        utils = train_fn_utils.get_train_fn_utils()
+        train_fn_utils.set_train_fn_utils(_Reporting(utils, send, rank, world))
+        prefix = f"(rank {rank}) " if world > 1 else ""
+        # Ray Train sends print() to its logger as well (a second copy once stdout is
+        # captured) and logs each report: the cell shows the prints once, the reports drawn.
+        try:
+            from ray.train.v2._internal.logging.patch_print import _original_print
+
+            builtins.print = _original_print
+        except ImportError:
+            pass
+        logging.getLogger("ray.train").setLevel(logging.WARNING)
+        try:
+            with Captured(send, 1000 + rank, prefix):
+                return train_func(config) if with_config else train_func()
+        except BaseException as exc:
+            send("train", {"type": "error", "rank": rank, "time": time.time(), "failure": failure_from(exc, "", "")})
+            raise
+        finally:
+            train_fn_utils.set_train_fn_utils(utils)
+            send.flush()
+
+    train_func_in_notebook.__name__ = getattr(train_func, "__name__", "train_func")
+    return train_func_in_notebook
+
+
+def _checkpoint_info(checkpoint: Any, metrics: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    if checkpoint is None:
+        return None
+    from ._remote import node_ip
+
+    fs = getattr(checkpoint, "filesystem", None)
+    return {
+        "path": checkpoint.path,
+        "filesystem": type(fs).__name__ if fs is not None else "LocalFileSystem",
+        "node": node_ip(),
+        "metrics": numbers(metrics or {}),
+    }
+
+
+def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> dict[str, Any]:
+    """Fit a ``TorchTrainer`` as ``spec`` says; a summary the notebook turns into a result."""
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    send = current_sender()
+    relay, cell_id = relay_of_current()
+    num_workers = spec["num_workers"]
+    per_worker = dict(spec.get("resources_per_worker") or {})
+    per_worker.setdefault("CPU", 1.0)
+    if spec.get("use_gpu"):
+        per_worker.setdefault("GPU", 1.0)
+    _, nodes = cluster_totals()
+    why = check_bundles(f"training with {num_workers} worker(s)", [per_worker] * num_workers, nodes)
+    if why:
+        raise RunError(why)
+
+    if train_func is None:  # the creator-style API
+        train_func = creator_loop
+    storage = spec.get("storage_path") or DEFAULT_STORAGE
+    name = spec.get("name") or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{cell_id[-6:]}"
+    trainer = TorchTrainer(
+        wrap(train_func, relay, cell_id),
+        train_loop_config=spec.get("config") or {},
+        scaling_config=ScalingConfig(
+            num_workers=num_workers, use_gpu=bool(spec.get("use_gpu")), resources_per_worker=per_worker
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=FailureConfig(max_failures=spec.get("max_failures", 0)),
+            checkpoint_config=CheckpointConfig(num_to_keep=spec.get("keep_checkpoints")),
+        ),
+        datasets=spec.get("datasets") or None,
+    )
+    send("train", {"type": "start", "time": time.time(), "num_workers": num_workers, "name": name})
+    started = time.time()
+    summary: dict[str, Any] = {"name": name, "storage": storage, "node": ray.util.get_node_ip_address()}
+    try:
+        result = trainer.fit()
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # the workers' own errors reached the notebook already, with their frames
+        summary.update(error=_why(exc), error_type=type(exc).__name__)
+        summary["checkpoint"] = None
+    else:
+        summary.update(
+            error=None,
+            metrics=numbers(result.metrics or {}),
+            checkpoint=_checkpoint_info(result.checkpoint, result.metrics),
+            path=result.path,
+        )
+    summary["elapsed"] = time.time() - started
+    send("train", {"type": "end", "time": time.time(), "error": summary.get("error")})
+    send.flush()
+    return summary
+
+
+def run_train_with(
+    train_func: Callable[..., Any] | None, spec: dict[str, Any], datasets: dict[str, Any]
+) -> dict[str, Any]:
+    """:func:`run_train` with Ray datasets (made in driver cells, passed as handles)."""
+    return run_train(train_func, {**spec, "datasets": datasets})
+
+
+def _why(exc: BaseException) -> str:
+    """A training failure in a few lines: each failed worker's error, not Ray's wrapping."""
+    failures = getattr(exc, "worker_failures", None)
+    if failures:
+        lines = []
+        for rank, error in sorted(failures.items()):
+            base = getattr(error, "_base_exc", error)
+            lines.append(f"worker {rank}: {type(base).__name__}: {base}")
+        return "training failed: " + "; ".join(lines)
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+# -------------------------------------------------------- the creator-style API
+
+
+def creator_loop(config: dict[str, Any]) -> None:
+    """The loop the creator-style ``TorchTrainer`` ran: ``config["_creators"]`` holds the
+    creators, ``config["_epochs"]`` the number of epochs; the rest is the user's config."""
+    import ray.train
+    import torch
+    from ray.train import Checkpoint
+    from ray.train.torch import prepare_data_loader, prepare_model
+
+    creators = config["_creators"]
+    epochs = int(config["_epochs"])
+    user = {k: v for k, v in config.items() if not k.startswith("_")}
+    model = creators["model"](user)
+    loaders = creators["data"](user)
+    if isinstance(loaders, (tuple, list)):
+        train_loader, val_loader = loaders[0], (loaders[1] if len(loaders) > 1 else None)
+    else:
+        train_loader, val_loader = loaders, None
+    optimizer = creators["optimizer"](model, user)
+    loss = creators["loss"]
+    criterion = (
+        loss(user) if callable(loss) and not isinstance(loss, torch.nn.Module) and not isinstance(loss, type) else loss
+    )
+    if isinstance(criterion, type):
+        criterion = criterion()
+    scheduler = creators["scheduler"](optimizer, user) if creators.get("scheduler") else None
+    model = prepare_model(model)
+    train_loader = prepare_data_loader(train_loader)
+    if val_loader is not None:
+        val_loader = prepare_data_loader(val_loader)
+    rank = ray.train.get_context().get_world_rank()
+    for epoch in range(1, epochs + 1):
+        if ray.train.get_context().get_world_size() > 1 and hasattr(train_loader, "sampler"):
+            sampler = train_loader.sampler
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+        metrics = {"epoch": epoch, **_epoch(model, train_loader, criterion, optimizer, "train")}
+        if val_loader is not None:
+            with torch.no_grad():
+                metrics.update(_epoch(model, val_loader, criterion, None, "val"))
+        if scheduler is not None:
+            scheduler.step()
+        if epoch == epochs and rank == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                state = model.module.state_dict() if hasattr(model, "module") else model.state_dict()
+                torch.save(state, os.path.join(folder, "model.pt"))
+                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+        else:
+            ray.train.report(metrics)
+
+
+def _epoch(model: Any, loader: Any, criterion: Any, optimizer: Any, prefix: str) -> dict[str, float]:
+    """One pass over ``loader`` (training when ``optimizer`` is given): mean loss, and
+    accuracy when the model's outputs are class scores and the targets class indices."""
+    import torch
+
+    model.train(optimizer is not None)
+    total_loss, seen, correct, classify = 0.0, 0, 0, True
+    for batch in loader:
+        features, target = batch[0], batch[1]
+        output = model(features)
+        loss = criterion(output, target)
+        if optimizer is not None:
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        n = len(target)
+        total_loss += float(loss.detach()) * n
+        seen += n
+        if classify and output.dim() == 2 and output.shape[1] > 1 and not torch.is_floating_point(target):
+            correct += int((output.argmax(dim=1) == target).sum())
+        else:
+            classify = False
+    metrics = {f"{prefix}_loss": total_loss / max(seen, 1)}
+    if classify and seen:
+        metrics[f"{prefix}_accuracy"] = correct / seen
+    return metrics
+
+
+# ----------------------------------------------------------- checkpoint files
+
+
+def read_checkpoint(path: str, limit: int = 2 << 30) -> dict[str, bytes]:
+    """The files of the checkpoint at ``path`` (local to the head, or any URI Ray's
+    storage takes), by relative name."""
+    if not os.path.isdir(path):
+        from ray.train import Checkpoint
+
+        path = Checkpoint(path).to_directory(tempfile.mkdtemp(prefix="jc-checkpoint-"))
+    files: dict[str, bytes] = {}
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(folder, name)
+            total += os.path.getsize(full)
+            if total > limit:
+                raise RunError(f"the checkpoint at {path} is over {limit >> 20} MiB: copy it from the head instead")
+            with open(full, "rb") as f:
+                files[os.path.relpath(full, path)] = f.read()
+    return files
+
+
+__all__ = ["creator_loop", "plain", "read_checkpoint", "run_train", "run_train_with", "takes_config", "wrap"]

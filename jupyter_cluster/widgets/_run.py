@@ -1,0 +1,199 @@
+"""What the training and trial widgets share: a header, Bokeh plots, a table, a snapshot.
+
+A :class:`RunView` is an ipywidget (``VBox``) fed the events of a run's cell from the
+link's thread. Plots change by ``stream`` and ``patch`` only, except when a figure is
+added (a metric seen for the first time), after which every view is handed the whole
+document once (see :meth:`Dashboard._resend`). The header and the table are redrawn at
+most every :attr:`EVERY` seconds. The mime bundle carries an HTML snapshot beside the
+widget view, so a saved or converted notebook shows the run as it ended.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any
+
+import ipywidgets
+
+from ._dashboard import _plots, load_bokeh
+from ._progress import _later, elapsed, in_current_cell
+
+PALETTE = (
+    "#4c78a8",
+    "#f58518",
+    "#54a24b",
+    "#b279a2",
+    "#e45756",
+    "#72b7b2",
+    "#eeca3b",
+    "#9d755d",
+    "#ff9da6",
+    "#bab0ac",
+)
+STATE_COLORS = {
+    "running": "#1565c0",
+    "done": "#2e7d32",
+    "failed": "#c62828",
+    "cancelled": "#757575",
+    "RUNNING": "#1565c0",
+    "PENDING": "#757575",
+    "TERMINATED": "#2e7d32",
+    "STOPPED": "#9e9e9e",
+    "ERROR": "#c62828",
+    "PAUSED": "#ef6c00",
+}
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))
+
+
+class RunView(ipywidgets.VBox):  # type: ignore[misc]
+    """The live view of a run: subclasses draw its events."""
+
+    EVERY = 0.25
+
+    def __init__(self, label: str) -> None:
+        from bokeh.layouts import column
+
+        load_bokeh()
+        self.label = label
+        self.state = "starting"
+        self.detail = ""
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        self.run: Any = None
+        self._lock = threading.RLock()
+        self._sent = 0.0
+        self._scheduled = False
+        self._display: Any = None
+        #: ``(reported at, drawn at)`` of each report drawn (for the latency benchmark).
+        self.latency: list[tuple[float, float]] = []
+        self.layout_root = column(name="jupyter-cluster-run")
+        self.plots = _plots(self.layout_root)
+        self.header = ipywidgets.HTML(value=self._header())
+        self.table = ipywidgets.HTML(value="")
+        super().__init__(children=[self.header, self.plots, self.table])
+        self.add_class("jupyter-cluster-run")
+
+    # --------------------------------------------------------------- display
+    def show(self) -> None:
+        from IPython.display import display
+
+        self._display = display(self._bundle(), raw=True, display_id=True)
+
+    def _bundle(self) -> dict[str, Any]:
+        bundle = dict(ipywidgets.VBox._repr_mimebundle_(self) or {})
+        bundle["text/html"] = self.snapshot()
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        return self._bundle()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.label}: {self.state}>"
+
+    def _resend(self) -> None:
+        self.plots.render_bundle = self.plots._model_to_traits(self.layout_root)
+
+    # ---------------------------------------------------------------- events
+    def started(self, run: Any) -> None:
+        self.run = run
+        self.state = "queued"
+        self.redraw(now=True)
+
+    def on_event(self, event: str, data: Any, run: Any) -> None:
+        with self._lock:
+            if event == "running":
+                self.state = "running"
+            elif event == "link":
+                self.detail = f"link {data.get('state')}" if data.get("state") != "connected" else ""
+            elif event in ("error", "lost"):
+                self.state = "failed"
+            elif isinstance(data, dict) and event == self.kind:
+                if data.get("type") == "start":
+                    self.state = "running"
+                self.draw(data)
+        self.redraw(now=event not in (self.kind, "stream"))
+
+    def finish(self, state: str, run: Any, result: Any = None) -> None:
+        with self._lock:
+            if self.ended_at is None:
+                self.ended_at = time.time()
+            self.state = state
+            self.ended(result)
+        self.redraw(now=True)
+        if self._display is not None:
+            in_current_cell(self._display.update, self._bundle(), raw=True)
+
+    # subclasses
+    kind = ""
+
+    def draw(self, data: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def ended(self, result: Any) -> None:
+        pass
+
+    def table_html(self) -> str:
+        return ""
+
+    def summary(self) -> str:
+        return ""
+
+    # ---------------------------------------------------------------- redraw
+    def _header(self) -> str:
+        color = STATE_COLORS.get(self.state, "#333")
+        spent = (self.ended_at or time.time()) - self.started_at
+        parts = [
+            f"<b>{html.escape(self.label)}</b>",
+            f'<span style="color:{color}">{html.escape(self.state)}</span>',
+            elapsed(spent),
+        ]
+        summary = self.summary()
+        if summary:
+            parts.append(summary)
+        if self.detail:
+            parts.append(f'<span style="color:#c62828">{html.escape(self.detail)}</span>')
+        return " · ".join(parts)
+
+    def redraw(self, now: bool = False) -> None:
+        with self._lock:
+            wait = self.EVERY - (time.monotonic() - self._sent)
+            if not now and wait > 0:
+                if not self._scheduled:
+                    self._scheduled = True
+                    _later(wait, self._deferred)
+                return
+            self._sent = time.monotonic()
+            header, table = self._header(), self.table_html()
+        self.header.value = header
+        if table != self.table.value:
+            self.table.value = table
+
+    def _deferred(self) -> None:
+        with self._lock:
+            self._scheduled = False
+        self.redraw(now=True)
+
+    def snapshot(self) -> str:
+        """The run as static HTML: its header and table."""
+        with self._lock:
+            return f'<div class="jc-run-snapshot">{self._header()}{self.table_html()}</div>'
+
+
+def figure(title: str, x_label: str) -> Any:
+    from bokeh.plotting import figure as bokeh_figure
+
+    plot = bokeh_figure(title=title, width=330, height=210, toolbar_location=None, name=title)
+    plot.xaxis.axis_label = x_label
+    plot.title.text_font_size = "10pt"
+    return plot
+
+
+__all__ = ["PALETTE", "STATE_COLORS", "RunView", "figure", "fmt"]

@@ -1,0 +1,183 @@
+"""Trial progress: a table of trials and the tuned metric against the iteration, per trial.
+
+The curves are the rows of one ``multi_line`` source, one per trial: a trial's first
+result streams its row, each later one patches it. A trial a scheduler stopped early
+turns grey and ends in a cross; one that raised turns red and ends in a dot. The table
+(config, state, iterations, last and best metric) is sorted best first.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+from ._run import PALETTE, STATE_COLORS, RunView, figure, fmt
+
+STOPPED = "#9e9e9e"
+ERRORED = "#c62828"
+MAX_ROWS = 50
+
+
+class TrialsView(RunView):
+    """The live view of ``jc.tune``."""
+
+    kind = "tune"
+
+    def __init__(self, label: str, metric: str, mode: str) -> None:
+        from bokeh.models import ColumnDataSource
+
+        self.metric = metric
+        self.mode = mode
+        self.trials: dict[str, dict[str, Any]] = {}
+        self.rows: dict[str, int] = {}
+        super().__init__(label)
+        self.curves = ColumnDataSource({"xs": [], "ys": [], "color": [], "alpha": [], "trial": []})
+        self.ends = ColumnDataSource({"x": [], "y": [], "color": [], "marker": []})
+        plot = figure(f"{metric} ({mode})", "iteration")
+        plot.width, plot.height = 560, 260
+        plot.multi_line("xs", "ys", color="color", line_alpha="alpha", line_width=2, source=self.curves)
+        plot.scatter("x", "y", color="color", marker="marker", size=9, source=self.ends)
+        self.layout_root.children = [plot]
+        self._resend()
+
+    def _trial(self, trial_id: str) -> dict[str, Any]:
+        trial = self.trials.get(trial_id)
+        if trial is None:
+            trial = self.trials[trial_id] = {
+                "config": {},
+                "state": "PENDING",
+                "iterations": 0,
+                "last": None,
+                "best": None,
+                "points": [],
+                "error": "",
+                "index": len(self.trials),
+            }
+        return trial
+
+    def draw(self, data: dict[str, Any]) -> None:
+        kind = data.get("type")
+        if kind == "trial":
+            trial = self._trial(data["trial"])
+            trial["config"] = data.get("config") or trial["config"]
+            state = data["state"]
+            if trial["state"] == "STOPPED" and state == "TERMINATED":
+                state = "STOPPED"
+            trial["state"] = state
+            if data.get("error") and not trial["error"]:
+                trial["error"] = data["error"]
+            if state in ("STOPPED", "ERROR"):
+                self._mark_end(data["trial"])
+        elif kind == "result":
+            self._result(data)
+        elif kind == "error":
+            trial = self._trial(data["trial"])
+            failure = data.get("failure")
+            if failure is not None:
+                trial["error"] = f"{failure.type_name}: {failure.message}"
+
+    def _result(self, data: dict[str, Any]) -> None:
+        trial_id = data["trial"]
+        trial = self._trial(trial_id)
+        trial["iterations"] = data["iteration"]
+        if trial["state"] in ("PENDING", "PAUSED"):
+            trial["state"] = "RUNNING"
+        value = data["metrics"].get(self.metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            trial["last"] = value
+            better = trial["best"] is None or (value < trial["best"] if self.mode == "min" else value > trial["best"])
+            if better:
+                trial["best"] = value
+            trial["points"].append((float(data["iteration"]), float(value)))
+            xs = [p[0] for p in trial["points"]]
+            ys = [p[1] for p in trial["points"]]
+            if trial_id not in self.rows:
+                self.rows[trial_id] = len(self.rows)
+                color = PALETTE[trial["index"] % len(PALETTE)]
+                self.curves.stream({"xs": [xs], "ys": [ys], "color": [color], "alpha": [0.9], "trial": [trial_id]})
+            else:
+                row = self.rows[trial_id]
+                self.curves.patch({"xs": [(row, xs)], "ys": [(row, ys)]})
+        if data.get("stopped"):
+            trial["state"] = "STOPPED"
+            self._mark_end(trial_id)
+        self.latency.append((data["time"], time.time()))
+
+    def _mark_end(self, trial_id: str) -> None:
+        trial = self.trials[trial_id]
+        if trial.get("marked") or not trial["points"]:
+            return
+        trial["marked"] = True
+        errored = trial["state"] == "ERROR"
+        color = ERRORED if errored else STOPPED
+        x, y = trial["points"][-1]
+        self.ends.stream({"x": [x], "y": [y], "color": [color], "marker": ["circle" if errored else "x"]})
+        row = self.rows.get(trial_id)
+        if row is not None:
+            self.curves.patch({"color": [(row, color)], "alpha": [(row, 0.5 if not errored else 0.9)]})
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for trial in self.trials.values():
+            counts[trial["state"]] = counts.get(trial["state"], 0) + 1
+        parts = [f"{len(self.trials)} trial{'s' * (len(self.trials) != 1)}"]
+        parts += [f"{n} {s.lower()}" for s, n in sorted(counts.items())]
+        best = self.best()
+        if best is not None:
+            parts.append(f"best {html.escape(self.metric)} {fmt(best[1]['best'])}")
+        return " · ".join(parts)
+
+    def best(self) -> tuple[str, dict[str, Any]] | None:
+        scored = [(k, t) for k, t in self.trials.items() if t["best"] is not None]
+        if not scored:
+            return None
+        pick = min if self.mode == "min" else max
+        return pick(scored, key=lambda kv: kv[1]["best"])
+
+    def table_html(self) -> str:
+        if not self.trials:
+            return ""
+
+        def order(item: tuple[str, dict[str, Any]]) -> tuple[int, float]:
+            best = item[1]["best"]
+            if best is None:
+                return (1, 0.0)
+            return (0, best if self.mode == "min" else -best)
+
+        rows = []
+        for trial_id, trial in sorted(self.trials.items(), key=order)[:MAX_ROWS]:
+            config = ", ".join(f"{k}={fmt(v)}" for k, v in _flat(trial["config"]).items())
+            state = trial["state"]
+            color = STATE_COLORS.get(state, "#333")
+            shown = "stopped early" if state == "STOPPED" else state.lower()
+            error = trial["error"]
+            title = f' title="{html.escape(error)}"' if error else ""
+            rows.append(
+                f"<tr><td>{html.escape(trial_id)}</td><td>{config}</td>"
+                f'<td style="color:{color}"{title}>{html.escape(shown)}</td><td>{trial["iterations"]}</td>'
+                f"<td>{fmt(trial['last']) if trial['last'] is not None else ''}</td>"
+                f"<td>{fmt(trial['best']) if trial['best'] is not None else ''}</td>"
+                f'<td style="color:{ERRORED}">{html.escape(error[:160])}</td></tr>'
+            )
+        more = len(self.trials) - MAX_ROWS
+        tail = f"<tr><td colspan=7>… {more} more</td></tr>" if more > 0 else ""
+        metric = html.escape(self.metric)
+        return (
+            '<table class="jc-trials-table" style="font-size:12px;border-collapse:collapse">'
+            "<tr><th>trial</th><th>config</th><th>state</th><th>iter</th>"
+            f"<th>last {metric}</th><th>best {metric}</th><th>error</th></tr>{''.join(rows)}{tail}</table>"
+        )
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+__all__ = ["TrialsView"]
