@@ -288,6 +288,52 @@ TRAIN_SOURCE = "from jupyter_cluster.agent._train import run_train\n_jc_summary 
 TUNE_SOURCE = "from jupyter_cluster.agent._tune import run_tune\n_jc_summary = run_tune(_jc_trainable, _jc_spec)\n"
 
 
+def _culprit(value: Any, depth: int = 0, seen: set[int] | None = None) -> str | None:
+    """What inside a function cannot be pickled: the global, closure variable or default
+    it refers to (looked into when it is itself a function), as ```name` (a type)``."""
+    import cloudpickle
+
+    seen = seen if seen is not None else set()
+    code = getattr(value, "__code__", None)
+    if code is None or id(value) in seen or depth > 3:
+        return None
+    seen.add(id(value))
+    refs: list[tuple[str, Any]] = []
+    globals_ = getattr(value, "__globals__", {})
+    refs += [(n, globals_[n]) for n in code.co_names if n in globals_]
+    for name, cell in zip(code.co_freevars, value.__closure__ or (), strict=False):
+        try:
+            refs.append((name, cell.cell_contents))
+        except ValueError:  # an empty cell
+            pass
+    refs += [(f"{code.co_name}'s default", d) for d in (value.__defaults__ or ())]
+    for name, ref in refs:
+        try:
+            cloudpickle.dumps(ref)
+        except Exception as exc:
+            inner = _culprit(ref, depth + 1, seen)
+            if inner:
+                return inner
+            return f"`{name}` (a {type(ref).__qualname__}: {type(exc).__name__}: {exc})"
+    return None
+
+
+def _check_sendable(what: str, value: Any) -> None:
+    """Refuse, naming the culprit, a function that cannot travel to the cluster."""
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:
+        name = getattr(value, "__name__", what)
+        found = _culprit(value)
+        where = f"it refers to {found}, which" if found else f"it ({type(exc).__name__}: {exc})"
+        raise InputError(
+            f"cannot send {what} `{name}` to the cluster: {where} cannot be pickled. Create that object "
+            f"inside {name} instead (or pass what it is made from in config). Nothing was sent."
+        ) from None
+
+
 def _start(
     cluster: Cluster, kind: str, source: str, namespace: dict[str, Any], label: str, view: Any, build: Any
 ) -> Run:
@@ -401,10 +447,13 @@ def train_torch(
         for creator, value in given.items():
             if not callable(value):
                 raise InputError(f"{creator} must be a function (or, for loss_creator, a loss class), not {value!r}")
+            _check_sendable(creator, value)
     elif not callable(train_func):
         raise InputError(f"train_func must be a function, not {type(train_func).__name__}")
     elif epochs is not None:
         raise InputError("epochs= is for the creator-style API; a train_func loops over its own epochs")
+    else:
+        _check_sendable("train_func", train_func)
     if not isinstance(use_gpu, bool):
         raise InputError(f"use_gpu must be True or False, not {use_gpu!r}")
     if config is not None and not isinstance(config, Mapping):
@@ -526,6 +575,7 @@ def tune(
     cluster = cluster or _attached()
     if not callable(trainable):
         raise InputError(f"trainable must be a function of config (or a tune.Trainable class), not {trainable!r}")
+    _check_sendable("trainable", trainable)
     if not isinstance(metric, str) or not metric:
         raise InputError('metric must name a reported metric, e.g. metric="loss"')
     if mode not in ("min", "max"):
@@ -540,7 +590,8 @@ def tune(
         )
     if isinstance(search_alg, str) and search_alg not in SEARCHERS:
         raise InputError(
-            f"unknown search_alg {search_alg!r}: name one of {', '.join(SEARCHERS)}, or pass a Ray Tune search algorithm"
+            f"unknown search_alg {search_alg!r}: name one of {', '.join(SEARCHERS)}, "
+            "or pass a Ray Tune search algorithm"
         )
     options = dict(scheduler_options or {})
     if "hyperparam_mutations" in options:

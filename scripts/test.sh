@@ -10,7 +10,8 @@
 #      chromedriver found). Otherwise, as root, all four are installed (apt-get update once, then
 #      apt-get install -y --no-install-recommends, non-interactive); not as root, the script names
 #      the missing packages and how to install them, and exits 1.
-#   2. The project, editable, with its dev extras: pip install -e ".[dev]".
+#   2. PyTorch (torch==2.13.0, the CPU build) unless torch is importable, then the project,
+#      editable, with its dev extras: pip install -e ".[dev]".
 #   3. The `python3` Jupyter kernel, into this environment: python -m ipykernel install --sys-prefix.
 #   4. python -m pytest -x -q PYTEST ARGS...; exits with pytest's status. Exit code 5 (no tests
 #      collected) is reported as a failure.
@@ -59,6 +60,13 @@ PYTHON="${PYTHON:-$(command -v python || command -v python3 || true)}"
 if [ -z "$PYTHON" ]; then
     echo "scripts/test.sh: no python or python3 on PATH" >&2
     exit 1
+fi
+
+# PyTorch for the Train examples and tests, pinned to the CPU build this registry serves
+# (an unpinned torch pulls the CUDA packages, several GB); kept if one is installed.
+if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
+    echo "::: torch (the CPU build): pip install torch==2.13.0"
+    "$PYTHON" -m pip install "torch==2.13.0"
 fi
 
 echo "::: the project: pip install -e \".[dev]\" ($PYTHON)"

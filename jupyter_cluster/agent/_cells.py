@@ -63,6 +63,9 @@ FAST_PATH = 0.003
 #: Seconds a cancelled cell gets to stop by itself: then a task's worker is killed, and
 #: an actor or driver cell that did not stop is reported at once (it cannot be killed alone).
 CANCEL_GRACE = 2.0
+#: A run (``jc.train_torch``, ``jc.tune``) stops its workers or trials itself when
+#: interrupted (Ray Train's abort removes its placement group): it gets this long.
+RUN_GRACE = 30.0
 
 
 @dataclass
@@ -224,9 +227,7 @@ class CellRunner:
             if timer is not None:
                 timer.cancel()
             if options.get("ephemeral") and cell.actor:
-                # A run's own actor (jc.train_torch, jc.tune): it goes with its cell, and with
-                # it whatever it started (Ray kills the actors and placement groups it owns).
-                self.kill_actor(cell.actor)
+                self._end_run(cell)
             self.running.pop(spec.cell_id, None)
             self.output.close(spec.cell_id)
             unsettled = [h for h in outputs if self.table.is_pending(h)]
@@ -330,6 +331,8 @@ class CellRunner:
             extra: dict[str, Any] = {}
             if options.get("head"):  # where the agent runs: a run's results stay on this node
                 extra["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.node_id, soft=False)
+            if options.get("ephemeral"):  # its placement groups then go when it is killed
+                extra["lifetime"] = "detached"
             handle = CellNamespace.options(  # type: ignore[attr-defined]
                 name=f"cell-namespace:{name}", get_if_exists=True, **ray_options(options), **extra
             ).remote(name)
@@ -482,7 +485,8 @@ class CellRunner:
             if cell.refs:
                 ray.cancel(cell.refs[0], force=False)  # a cell still queued never starts
             cell.interrupting = asyncio.ensure_future(self._interrupt_actor(cell))
-            self.loop.call_later(CANCEL_GRACE, self._abandon, cell)
+            grace = RUN_GRACE if cell.options.get("ephemeral") else CANCEL_GRACE
+            self.loop.call_later(grace, self._abandon, cell)
         else:
             for ref in cell.refs if cell.mode == "map" else cell.refs[:1]:
                 ray.cancel(ref, force=False)
@@ -506,7 +510,29 @@ class CellRunner:
         if cell.cell_id in self.running and not cell.abandoned.done():
             cell.abandoned.set_result(None)
             if cell.options.get("ephemeral") and cell.actor:  # nothing in it to keep: stop it all
-                self.kill_actor(cell.actor)
+                self._end_run(cell)
+
+    def _end_run(self, cell: RunningCell) -> None:
+        """Stop a run's own actor (``jc.train_torch``, ``jc.tune``) and all it started.
+
+        The actor is detached, so the placement groups it made (Tune's trials') go with
+        it; the actors it owns (trials, Ray Train's controller and workers) die with it;
+        the placement groups its actors made (Ray Train's workers') are removed here.
+        """
+        self.kill_actor(cell.actor)
+        for group_id in cell.streams.placement_groups if cell.streams is not None else ():
+            try:
+                from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+            except Exception:  # removed already (the run ended well)
+                pass
+
+    def close(self) -> None:
+        """The agent stops: runs still going stop with it (their actors are detached)."""
+        for cell in list(self.running.values()):
+            if cell.options.get("ephemeral") and cell.actor:
+                self._end_run(cell)
 
     def _would_not_stop(self, cell: RunningCell) -> RemoteFailure:
         """The failure of an actor or driver cell that ignored its interrupt."""

@@ -247,6 +247,7 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     announce({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__})
     watcher = asyncio.ensure_future(watch(server, args))
     await server.stopped.wait()
+    runner.close()
     watcher.cancel()
     sampler.close()
 

@@ -27,6 +27,8 @@ log = logging.getLogger("jupyter_cluster.agent")
 Batch = list[tuple[str, Any]]
 #: The marker :meth:`OutputPump.drain` sends itself through the relay.
 DRAINED = "__drained__"
+#: The marker a run sends with the id of a placement group it made (see ``CellRunner._end_run``).
+PLACEMENT_GROUP = "__placement_group__"
 
 
 @dataclass
@@ -40,12 +42,16 @@ class CellStreams:
     following: dict[int, int] = field(default_factory=dict)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Placement groups a run's processes made (by id), to remove should the run be killed.
+    placement_groups: list[str] = field(default_factory=list)
 
     def deliver(self, stream: int, index: int, batch: Batch) -> None:
         if index < 0:  # not output: a marker (the cell, or a chunk of it, started running; an event)
             for kind, data in batch:
                 if kind == DRAINED:
                     self.drained.set()
+                elif kind == PLACEMENT_GROUP:
+                    self.placement_groups.append(data)
                 else:
                     self.emit(kind, data)
             return

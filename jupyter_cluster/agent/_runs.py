@@ -28,10 +28,11 @@ class RunError(RuntimeError):
 def plain(value: Any, depth: int = 0) -> Any:
     """``value`` made of builtins only (numbers, strings, lists, dicts), to travel to a
     notebook that may not have numpy or torch: scalars become floats, the rest a short repr."""
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or type(value) in (bool, int, str, float):
         return value
-    if isinstance(value, float):
-        return value
+    for kind in (bool, int, float, str):  # numpy's float64, a str subclass...: the builtin
+        if isinstance(value, kind):
+            return kind(value)
     if isinstance(value, dict) and depth < 4:
         return {str(k): plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and depth < 4 and len(value) <= 64:
@@ -241,7 +242,10 @@ def check_bundles(what: str, bundles: list[dict[str, float]], nodes: list[dict[s
     else:
         hint = " Each must fit on one node: ask for less per worker."
     asked = ", ".join(f"{v:g} {k}" for k, v in sorted(need.items()))
-    return f"{what} needs {asked} in all, and this cluster can never hold that: it has {len(nodes)} node(s) with {per_node}.{hint}"
+    return (
+        f"{what} needs {asked} in all, and this cluster can never hold that: "
+        f"it has {len(nodes)} node(s) with {per_node}.{hint}"
+    )
 
 
 def when() -> float:

@@ -18,11 +18,13 @@ import builtins
 import inspect
 import logging
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ._output import PLACEMENT_GROUP
 from ._runs import (
     DEFAULT_STORAGE,
     Captured,
@@ -100,10 +102,16 @@ def wrap(train_func: Callable[..., Any], relay: str, cell_id: str) -> Callable[[
         except ImportError:
             pass
         logging.getLogger("ray.train").setLevel(logging.WARNING)
+        try:  # "Reporting training result N: ..." (a logger named by its file)
+            from ray.train.v2._internal.execution import context as train_context
+
+            logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+        except ImportError:
+            pass
         try:
             with Captured(send, 1000 + rank, prefix):
                 return train_func(config) if with_config else train_func()
-        except BaseException as exc:
+        except Exception as exc:  # not SystemExit: how Ray stops a trial or worker it is done with
             send("train", {"type": "error", "rank": rank, "time": time.time(), "failure": failure_from(exc, "", "")})
             raise
         finally:
@@ -112,6 +120,55 @@ def wrap(train_func: Callable[..., Any], relay: str, cell_id: str) -> Callable[[
 
     train_func_in_notebook.__name__ = getattr(train_func, "__name__", "train_func")
     return train_func_in_notebook
+
+
+def _callbacks(relay: str, cell_id: str) -> list[Any]:
+    """Ray Train callbacks of the run: one that tells the agent each worker group's
+    placement group (removed by the agent should the run be killed: see ``CellRunner._end_run``)."""
+    try:
+        from ray.train.v2._internal.execution.callback import WorkerGroupCallback
+    except ImportError:
+        return []
+
+    class PlacementGroups(WorkerGroupCallback):  # type: ignore[misc]
+        def after_worker_group_start(self, worker_group: Any) -> None:
+            try:
+                group = worker_group.get_worker_group_state().placement_group_handle.placement_group
+                send = Sender(relay, cell_id)
+                send(PLACEMENT_GROUP, group.id.hex())
+                send.flush()
+            except Exception:  # another Ray Train: its own cleaner stays on (see _without_cleaner)
+                pass
+
+    return [PlacementGroups()]
+
+
+def _without_cleaner(trainer: Any) -> None:
+    """Leave out Ray Train's placement-group cleaner for this trainer.
+
+    The cleaner is a detached actor that asks the State API (the Ray dashboard) whether
+    the controller lives; with no dashboard (the embedded cluster) each question waits
+    out its 10 s timeout, and stopping it adds 10-15 s to every run. The agent does its
+    job here: it removes the run's placement groups when it kills the run.
+    """
+    try:
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    except ImportError:
+        return
+    make = trainer._create_default_callbacks
+    trainer._create_default_callbacks = lambda: [c for c in make() if not isinstance(c, PlacementGroupCleanerCallback)]
+
+
+def _abort() -> None:
+    """Abort the run as Ctrl-C does in a script: Ray Train's own SIGINT handler (installed
+    in this, the runner's main thread, by ``fit``) aborts the controller, which stops the
+    workers and removes their placement group."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and getattr(handler, "__name__", "") == "sigint_handler":
+        try:
+            handler(signal.SIGINT, None)
+        except SystemExit:
+            pass
 
 
 def _checkpoint_info(checkpoint: Any, metrics: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -148,6 +205,9 @@ def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> di
 
     if train_func is None:  # the creator-style API
         train_func = creator_loop
+    # A worker's report waits until the controller takes it, which it does when it polls
+    # the workers (every 2 s by default): from a notebook, reports come faster than that.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = spec.get("storage_path") or DEFAULT_STORAGE
     name = spec.get("name") or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{cell_id[-6:]}"
     trainer = TorchTrainer(
@@ -161,15 +221,18 @@ def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> di
             storage_path=storage,
             failure_config=FailureConfig(max_failures=spec.get("max_failures", 0)),
             checkpoint_config=CheckpointConfig(num_to_keep=spec.get("keep_checkpoints")),
+            callbacks=_callbacks(relay, cell_id),
         ),
         datasets=spec.get("datasets") or None,
     )
+    _without_cleaner(trainer)
     send("train", {"type": "start", "time": time.time(), "num_workers": num_workers, "name": name})
     started = time.time()
     summary: dict[str, Any] = {"name": name, "storage": storage, "node": ray.util.get_node_ip_address()}
     try:
         result = trainer.fit()
     except KeyboardInterrupt:
+        _abort()
         raise
     except Exception as exc:  # the workers' own errors reached the notebook already, with their frames
         summary.update(error=_why(exc), error_type=type(exc).__name__)
@@ -262,7 +325,8 @@ def creator_loop(config: dict[str, Any]) -> None:
 
 def _epoch(model: Any, loader: Any, criterion: Any, optimizer: Any, prefix: str) -> dict[str, float]:
     """One pass over ``loader`` (training when ``optimizer`` is given): mean loss, and
-    accuracy when the model's outputs are class scores and the targets class indices."""
+    accuracy when the model's outputs are class scores and the targets class indices,
+    over all the workers."""
     import torch
 
     model.train(optimizer is not None)
@@ -282,6 +346,14 @@ def _epoch(model: Any, loader: Any, criterion: Any, optimizer: Any, prefix: str)
             correct += int((output.argmax(dim=1) == target).sum())
         else:
             classify = False
+    # Summed over the workers (each saw its shard), as the creator-style trainer reported them.
+    totals = [total_loss, float(seen), float(correct), 1.0 if classify else 0.0]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        tensor = torch.tensor(totals, dtype=torch.float64)
+        torch.distributed.all_reduce(tensor)
+        totals = tensor.tolist()
+        totals[3] = 1.0 if totals[3] == torch.distributed.get_world_size() else 0.0
+    total_loss, seen, correct, classify = totals[0], totals[1], totals[2], totals[3] == 1.0
     metrics = {f"{prefix}_loss": total_loss / max(seen, 1)}
     if classify and seen:
         metrics[f"{prefix}_accuracy"] = correct / seen

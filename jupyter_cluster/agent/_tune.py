@@ -117,7 +117,7 @@ def wrap(trainable: Any, relay: str, cell_id: str) -> Any:
         try:
             with Captured(send, 2000 + zlib.crc32(trial.encode()) % 1_000_000, f"({trial}) "):
                 return trainable(config)
-        except BaseException as exc:
+        except Exception as exc:  # not SystemExit: how Ray stops a trial or worker it is done with
             send("tune", {"type": "error", "trial": trial, "time": time.time(), "failure": failure_from(exc, "", "")})
             raise
         finally:
@@ -284,17 +284,17 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
                 "config": plain(result.config),
                 "iterations": metrics.get("training_iteration", 0),
                 "metrics": {k: v for k, v in metrics.items() if k not in BOOKKEEPING},
-                "error": None
-                if result.error is None
-                else f"{type(result.error).__name__}: {str(result.error).strip().splitlines()[-1] if str(result.error).strip() else ''}",
+                "error": _error_line(result.error),
                 "checkpoint": result.checkpoint.path if result.checkpoint is not None else None,
             }
         )
     best: dict[str, Any] | None = None
-    try:
-        chosen = grid.get_best_result(metric, mode)
-    except RuntimeError:  # every trial failed, or none reported the metric
-        chosen = None
+    # The best trial by its last result, among those that did not fail (Ray's own pick
+    # counts a trial that raised with what it reported before).
+    scored = [r for r in grid if r.metrics and finite(r.metrics.get(metric))]
+    healthy = [r for r in scored if r.error is None] or scored
+    pick = min if mode == "min" else max
+    chosen = pick(healthy, key=lambda r: r.metrics[metric]) if healthy else None
     if chosen is not None and chosen.metrics and finite(chosen.metrics.get(metric)):
         best = {
             "config": plain(chosen.config),
@@ -313,6 +313,13 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
         "elapsed": time.time() - started,
         "path": grid.experiment_path,
     }
+
+
+def _error_line(error: BaseException | None) -> str | None:
+    if error is None:
+        return None
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[-1] if lines else ''}"
 
 
 def _best_checkpoint(result: Any, metric: str, mode: str) -> dict[str, Any] | None:
