@@ -321,3 +321,85 @@ def test_dashboard_and_progress_in_jupyterlab(lab: Lab) -> None:
         finally:
             report()
             browser.close()
+
+
+RUNS_NOTEBOOK = "runs.ipynb"
+RUNS_CELLS = [
+    "%load_ext jupyter_cluster\n%cluster local --cpus 2\nimport jupyter_cluster as jc",
+    # A sweep: three trials, the third raises at its third iteration.
+    "def trainable(config):\n"
+    "    from ray import tune\n"
+    "    for i in range(1, 6):\n"
+    "        if config['lr'] > 0.5 and i == 3:\n"
+    "            raise ValueError('diverged')\n"
+    "        tune.report({'score': config['lr'] * i})\n"
+    "sweep = jc.tune(trainable, {'lr': jc.grid_search([0.1, 0.3, 0.9])}, metric='score', mode='max')",
+    # A training run: two workers whose losses differ.
+    "def train_func(config):\n"
+    "    import ray.train\n"
+    "    rank = ray.train.get_context().get_world_rank()\n"
+    "    for epoch in range(1, 5):\n"
+    "        ray.train.report({'epoch': epoch, 'loss': 1.0 / epoch + 0.2 * rank, 'accuracy': 0.2 * epoch})\n"
+    "result = jc.train_torch(train_func, num_workers=2)",
+]
+
+
+def test_training_and_trial_widgets_in_jupyterlab(lab: Lab) -> None:
+    """The trials and training widgets drawn in JupyterLab: their tables, headers and Bokeh canvases."""
+    import nbformat
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for stale in ("runs.png", "trials.png", "training.png", "runs-failed.png"):
+        (ARTIFACTS / stale).unlink(missing_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in RUNS_CELLS]
+    nbformat.write(nb, lab.root / RUNS_NOTEBOOK)
+    console: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        page.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
+        page.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
+        try:
+            page.goto(f"{lab.url}/lab/tree/{RUNS_NOTEBOOK}?reset&token={lab.token}", timeout=60_000)
+            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+            page.wait_for_function(KERNEL_IDLE_JS, arg=RUNS_NOTEBOOK, timeout=60_000)
+            if _execute(page, "notebook:run-all-cells", timeout=240) is not True:
+                errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+                raise AssertionError("a cell failed:\n" + "\n".join(errors.all_inner_texts())[-3000:])
+            page.wait_for_function(LAST_CELL_RAN_JS, arg=len(RUNS_CELLS), timeout=10_000)
+            assert "Error displaying widget" not in page.locator(".jp-Notebook").inner_text()
+
+            trials, training = page.locator(".jupyter-cluster-run").all()
+            header = trials.locator(".widget-html").first.inner_text(timeout=10_000)
+            assert "jc.tune(trainable)" in header and "done" in header and "3 trials" in header, header
+            table = trials.locator(".jc-trials-table").inner_text()
+            assert "error" in table.lower() and "ValueError: diverged" in table, table
+            assert table.count("terminated") == 2, table
+            assert trials.locator("canvas").count() >= 1
+            header = training.locator(".widget-html").first.inner_text(timeout=10_000)
+            assert "jc.train_torch(train_func)" in header and "done" in header and "report 4" in header, header
+            table = training.locator(".jc-train-table").inner_text()
+            assert "rank 0" in table and "rank 1" in table, table  # the workers' losses differ
+            assert training.locator("canvas").count() >= 2  # loss and accuracy
+
+            page.screenshot(path=str(ARTIFACTS / "runs.png"), full_page=True)
+            trials.screenshot(path=str(ARTIFACTS / "trials.png"))
+            training.screenshot(path=str(ARTIFACTS / "training.png"))
+            for name in ("trials.png", "training.png"):
+                drawn = _drawn(ARTIFACTS / name)
+                print(f"\n{name}: {drawn}")
+                assert drawn["non_white"] > 0.02 * drawn["width"] * drawn["height"], drawn
+                assert drawn["cpu_blue"] >= 50, drawn  # the first line's colour (the palette starts with it)
+            assert not _console_problems(console), "\n".join(console[-40:])
+        except (AssertionError, PlaywrightError, ValueError) as exc:
+            try:
+                page.screenshot(path=str(ARTIFACTS / "runs-failed.png"), full_page=True)
+            except PlaywrightError:
+                pass
+            raise AssertionError(f"{exc}\n" + "\n".join(console[-40:])) from exc
+        finally:
+            browser.close()

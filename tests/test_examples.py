@@ -40,6 +40,36 @@ EXPECTED: dict[str, list[str]] = {
         "dashboard: 1 node(s)",
         "Stopped the embedded cluster.",
     ],
+    "03-train-torch.ipynb": [
+        "<TrainingView jc.train_torch(train_func): done>",  # the live widget, in its final state
+        "(rank 0) epoch 1: loss",  # each worker's prints, with its rank
+        "(rank 1) epoch 6: loss",
+        "<TrainResult done in",
+        "checkpoint files: ['model.pt']",
+        "test accuracy of the fetched checkpoint:",
+        "<TrainingView jc.train_torch(creators): done>",
+        "creator-style final val accuracy:",
+        "Stopped the embedded cluster.",
+    ],
+    "04-tune-asha.ipynb": [
+        "<TrialsView jc.tune(train_digits): done>",
+        "<TuneResult 8 trials in",
+        "best config: {'lr':",
+        "stopped early by ASHA",
+        "Stopped the embedded cluster.",
+    ],
+    "05-tune-pbt.ipynb": [
+        "<TrialsView jc.tune(train_pbt): done>",
+        "<TuneResult 4 trials in",
+        "the best checkpoint, evaluated here:",
+        "Stopped the embedded cluster.",
+    ],
+    "06-ddp-port.ipynb": [
+        "<TrainingView jc.train_torch(train): done>",
+        "<TrainResult done in",
+        "rank 0's last checkpoint: test accuracy",
+        "Stopped the embedded cluster.",
+    ],
 }
 
 
@@ -107,6 +137,12 @@ def _static_views(nb: Any, name: str) -> None:
         assert 'class="jc-dashboard-snapshot"' in page and "(head)" in page, "no dashboard snapshot in the HTML"
         assert page.count('class="jc-progress jc-done"') >= 2, "the progress bars did not end as summaries"
         assert 'class="jc-remote-bar"' in page and 'class="jc-card jc-status"' in page
+    if name.startswith(("03-", "06-")):  # the training widget's final table: every worker's last report
+        assert 'class="jc-train-table"' in page and "rank 1" in page, "no training snapshot in the HTML"
+    if name.startswith(("04-", "05-")):  # the trials widget's final table
+        assert 'class="jc-trials-table"' in page and "terminated" in page, "no trials snapshot in the HTML"
+    if name.startswith("04-"):
+        assert "stopped early" in page, "ASHA's early stops are not marked"
     views = [
         o
         for c in nb.cells

@@ -114,6 +114,9 @@ def wrap(trainable: Any, relay: str, cell_id: str) -> Any:
 
         trial = tune.get_context().get_trial_id()
         send = Sender(relay, cell_id)
+        # "Checkpoint successfully created at ..." at each report: the widget shows the reports.
+        for name in ("ray.train", "ray.tune"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         try:
             with Captured(send, 2000 + zlib.crc32(trial.encode()) % 1_000_000, f"({trial}) "):
                 return trainable(config)
@@ -134,9 +137,10 @@ def _callback_class() -> type:
     class TrialEvents(Callback):  # type: ignore[misc]
         """Sends each trial's start, results and end to the notebook; checks the metric."""
 
-        def __init__(self, send: Sender, metric: str) -> None:
+        def __init__(self, send: Sender, metric: str, max_t: float | None = None) -> None:
             self.send = send
             self.metric = metric
+            self.max_t = max_t
             self.seen: set[str] = set()
             self.reported: set[str] = set()
             self.with_metric = False
@@ -176,7 +180,12 @@ def _callback_class() -> type:
                     f"metric={self.metric!r} is not among the metrics the trials report: {names}. "
                     "Name one of those as metric=, or report it with tune.report({...})."
                 )
-            early = bool(result.get("done")) and not trial.should_stop(flatten_dict(result))
+            # Tune marks the result done when it stops the trial: a scheduler's decision (early),
+            # unless the trial met its stopping criteria (``stop=``), which the trial itself says.
+            criteria = flatten_dict({k: v for k, v in result.items() if k != "done"})
+            early = bool(result.get("done")) and not trial.should_stop(criteria)
+            if early and self.max_t is not None and result.get("training_iteration", 0) >= self.max_t:
+                early = False  # ASHA and HyperBand stop every trial at max_t: that is its end
             if early:
                 self.stopped.add(trial.trial_id)
             self.send(
@@ -243,7 +252,8 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
     searcher = make_searcher(spec.get("search_alg"), spec.get("search_options") or {})
     name = spec.get("name") or f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{cell_id[-6:]}"
     storage = spec.get("storage_path") or DEFAULT_STORAGE
-    callback = _callback_class()(send, metric)
+    max_t = getattr(scheduler, "_max_t", None) or getattr(scheduler, "_max_t_attr", None)
+    callback = _callback_class()(send, metric, max_t if isinstance(max_t, (int, float)) else None)
     wrapped = tune.with_resources(wrap(trainable, relay, cell_id), resources)
     tuner = tune.Tuner(
         wrapped,

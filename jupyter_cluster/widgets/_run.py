@@ -45,6 +45,12 @@ STATE_COLORS = {
     "PAUSED": "#ef6c00",
 }
 
+#: The tables' cells, spaced (an ipywidgets HTML value may carry a style element).
+TABLE_STYLE = (
+    "<style>.jc-train-table td,.jc-train-table th,.jc-trials-table td,.jc-trials-table th"
+    "{padding:1px 10px 1px 0;text-align:left;white-space:nowrap}</style>"
+)
+
 
 def fmt(value: Any) -> str:
     if isinstance(value, float):
@@ -87,6 +93,10 @@ class RunView(ipywidgets.VBox):  # type: ignore[misc]
         self._display = display(self._bundle(), raw=True, display_id=True)
 
     def _bundle(self) -> dict[str, Any]:
+        # A view made from this bundle (shown again, or the final update) starts from the
+        # render bundle: hand it the whole document as it is now (see Dashboard._resend).
+        with self._lock:
+            self._resend()
         bundle = dict(ipywidgets.VBox._repr_mimebundle_(self) or {})
         bundle["text/html"] = self.snapshot()
         bundle["text/plain"] = repr(self)
@@ -196,4 +206,4 @@ def figure(title: str, x_label: str) -> Any:
     return plot
 
 
-__all__ = ["PALETTE", "STATE_COLORS", "RunView", "figure", "fmt"]
+__all__ = ["PALETTE", "STATE_COLORS", "TABLE_STYLE", "RunView", "figure", "fmt"]

@@ -13,7 +13,7 @@ import html
 import time
 from typing import Any
 
-from ._run import PALETTE, RunView, figure, fmt
+from ._run import PALETTE, TABLE_STYLE, RunView, figure, fmt
 
 MAX_FIGURES = 6
 #: Reported names that count reports rather than measure training: never drawn as curves.
@@ -175,6 +175,7 @@ class TrainingView(RunView):
                 f"{html.escape(error)}</td></tr>"
             )
         return (
+            f"{TABLE_STYLE}"
             '<table class="jc-train-table" style="font-size:12px;border-collapse:collapse">'
             f"<tr>{head}</tr>{''.join(body)}</table>"
         )

@@ -12,7 +12,7 @@ import html
 import time
 from typing import Any
 
-from ._run import PALETTE, STATE_COLORS, RunView, figure, fmt
+from ._run import PALETTE, STATE_COLORS, TABLE_STYLE, RunView, figure, fmt
 
 STOPPED = "#9e9e9e"
 ERRORED = "#c62828"
@@ -95,7 +95,7 @@ class TrialsView(RunView):
             if trial_id not in self.rows:
                 self.rows[trial_id] = len(self.rows)
                 color = PALETTE[trial["index"] % len(PALETTE)]
-                self.curves.stream({"xs": [xs], "ys": [ys], "color": [color], "alpha": [0.9], "trial": [trial_id]})
+                self.curves.stream({"xs": [xs], "ys": [ys], "color": [color], "alpha": [1.0], "trial": [trial_id]})
             else:
                 row = self.rows[trial_id]
                 self.curves.patch({"xs": [(row, xs)], "ys": [(row, ys)]})
@@ -115,7 +115,7 @@ class TrialsView(RunView):
         self.ends.stream({"x": [x], "y": [y], "color": [color], "marker": ["circle" if errored else "x"]})
         row = self.rows.get(trial_id)
         if row is not None:
-            self.curves.patch({"color": [(row, color)], "alpha": [(row, 0.5 if not errored else 0.9)]})
+            self.curves.patch({"color": [(row, color)], "alpha": [(row, 0.6 if not errored else 1.0)]})
 
     def summary(self) -> str:
         counts: dict[str, int] = {}
@@ -164,6 +164,7 @@ class TrialsView(RunView):
         tail = f"<tr><td colspan=7>… {more} more</td></tr>" if more > 0 else ""
         metric = html.escape(self.metric)
         return (
+            f"{TABLE_STYLE}"
             '<table class="jc-trials-table" style="font-size:12px;border-collapse:collapse">'
             "<tr><th>trial</th><th>config</th><th>state</th><th>iter</th>"
             f"<th>last {metric}</th><th>best {metric}</th><th>error</th></tr>{''.join(rows)}{tail}</table>"
