@@ -63,6 +63,8 @@ FAST_PATH = 0.003
 #: Seconds a cancelled cell gets to stop by itself: then a task's worker is killed, and
 #: an actor or driver cell that did not stop is reported at once (it cannot be killed alone).
 CANCEL_GRACE = 2.0
+#: What a run's actor imports ahead of time (see ``CellRunner._start_spare``).
+RUN_MODULES = ("ray.train.torch", "ray.tune", "jupyter_cluster.agent._train", "jupyter_cluster.agent._tune")
 #: A run (``jc.train_torch``, ``jc.tune``) stops its workers or trials itself when
 #: interrupted (Ray Train's abort removes its placement group): it gets this long.
 RUN_GRACE = 30.0
@@ -127,6 +129,8 @@ class CellRunner:
         self.driver_ns = fresh_namespace()
         self.driver_ns["ray"] = ray
         self._remotes: dict[Any, Any] = {}
+        #: An actor ready for the next run (``jc.train_torch``, ``jc.tune``), once one was made.
+        self._spare: ActorRecord | None = None
 
     @staticmethod
     async def _output_of(cell: RunningCell, batches: int, timeout: float = 10.0) -> None:
@@ -328,17 +332,31 @@ class CellRunner:
         record = self.actors.get(name)
         if record is None:
             self.cluster.check_feasible(options)
-            extra: dict[str, Any] = {}
-            if options.get("head"):  # where the agent runs: a run's results stay on this node
-                extra["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.node_id, soft=False)
-            if options.get("ephemeral"):  # its placement groups then go when it is killed
-                extra["lifetime"] = "detached"
-            handle = CellNamespace.options(  # type: ignore[attr-defined]
-                name=f"cell-namespace:{name}", get_if_exists=True, **ray_options(options), **extra
-            ).remote(name)
-            record = self.actors[name] = ActorRecord(handle, handle.where.remote())
+            if options.get("ephemeral") and self._spare is not None:
+                record, self._spare = self._spare, None  # started and warmed up while the last run ended
+            else:
+                record = self._new_actor(name, options)
+            self.actors[name] = record
             self.killed.discard(name)
         return record
+
+    def _new_actor(self, name: str, options: dict[str, Any]) -> ActorRecord:
+        extra: dict[str, Any] = {}
+        if options.get("head"):  # where the agent runs: a run's results stay on this node
+            extra["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.node_id, soft=False)
+        if options.get("ephemeral"):  # its placement groups then go when it is killed
+            extra["lifetime"] = "detached"
+        handle = CellNamespace.options(  # type: ignore[attr-defined]
+            name=f"cell-namespace:{name}", get_if_exists=True, **ray_options(options), **extra
+        ).remote(name)
+        return ActorRecord(handle, handle.where.remote())
+
+    def _start_spare(self, options: dict[str, Any]) -> None:
+        """Start the next run's actor now, with Ray Train and Ray Tune imported: a run then
+        starts without a process to spawn and seconds of imports (only once a run was made)."""
+        if self._spare is None:
+            self._spare = self._new_actor(f"run-spare-{time.monotonic_ns()}", options)
+            self._spare.handle.warm.remote(RUN_MODULES)
 
     def kill_actor(self, name: str) -> bool:
         """Kill actor ``name`` (its namespace and whatever it runs); False if there is none."""
@@ -520,6 +538,8 @@ class CellRunner:
         the placement groups its actors made (Ray Train's workers') are removed here.
         """
         self.kill_actor(cell.actor)
+        if not self.loop.is_closed():
+            self._start_spare(cell.options)
         for group_id in cell.streams.placement_groups if cell.streams is not None else ():
             try:
                 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -533,6 +553,9 @@ class CellRunner:
         for cell in list(self.running.values()):
             if cell.options.get("ephemeral") and cell.actor:
                 self._end_run(cell)
+        if self._spare is not None:
+            ray.kill(self._spare.handle, no_restart=True)
+            self._spare = None
 
     def _would_not_stop(self, cell: RunningCell) -> RemoteFailure:
         """The failure of an actor or driver cell that ignored its interrupt."""

@@ -203,6 +203,14 @@ class CellNamespace:
             set_current(None)
         return _returns(outcome, exported)
 
+    def warm(self, modules: tuple[str, ...]) -> None:
+        """Import ``modules`` now (those missing here are left out), so a cell that needs them starts at once."""
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception:
+                pass
+
     def describe(self) -> dict[str, Any]:
         names = sorted(k for k in self.ns if not k.startswith("__") and k != "display")
         return {"name": self.name, "node": node_ip(), "names": names}
