@@ -151,7 +151,9 @@ class TuneResult:
     ``best_config`` and ``best_result`` (its metrics) are those of the best trial by
     ``metric`` and ``mode``; ``trials`` is a pandas DataFrame of every trial (config
     columns as ``config/NAME``, state, iterations, last metrics, error); ``best_checkpoint``
-    the best trial's best checkpoint (or None); ``history`` each result of each trial.
+    the best trial's best checkpoint (or None); ``history`` each result of each trial;
+    ``failures`` the exception of each trial that raised, by trial id (raise one to see its
+    traceback, which points into the notebook's own lines).
     """
 
     best_config: dict[str, Any] | None
@@ -164,6 +166,7 @@ class TuneResult:
     elapsed: float
     name: str = ""
     path: str = ""
+    failures: dict[str, BaseException] = field(default_factory=dict)
 
     @property
     def trials(self) -> Any:
@@ -658,6 +661,7 @@ def _tune_result(run: Run, summary: dict[str, Any]) -> TuneResult:
         elapsed=float(summary.get("elapsed", 0.0)),
         name=summary.get("name", ""),
         path=summary.get("path") or "",
+        failures={str(k): v for k, v in run.failures.items()},
     )
     if run.widget is not None:
         run.widget.finish("done", run, result)

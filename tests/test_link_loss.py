@@ -6,7 +6,7 @@ closed while SSH stays up; and it can stay down longer than ``reconnect_for``. I
 each case every line the cell prints and its result must arrive exactly once, in
 order, and the notebook must be told what happened.
 
-One Ray head (``up``, token authentication on) serves the module; each test
+One Ray head (started by hand, token authentication on) serves the module; each test
 attaches its own session through its own way of failing, with ``address=`` naming
 that head (other Ray clusters run on this machine during the tests).
 """
@@ -19,6 +19,12 @@ from __future__ import annotations
 import _thread
 import asyncio
 import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,12 +35,15 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster._cluster import _detached
+from jupyter_cluster._connect import StartedRay, _stop_started
+from jupyter_cluster._ssh import SSHTarget
 from jupyter_cluster.agent._protocol import Frame, read_frame, write_frame
 
 from .sshd import CuttableLink, SSHKeys, SSHServer, free_port, link_cutter, ssh_keys, sshd_server  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
 
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 OUTAGE = 45.0
 LINES = 130  # a line every 0.5 s: the cell outlives the outage by about 15 s
 SOURCE = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = {LINES}"
@@ -46,15 +55,36 @@ def _options(server: SSHServer, known_hosts: Path | None = None) -> dict[str, An
 
 @pytest.fixture(scope="module")
 def head(sshd_server: SSHServer) -> Iterator[str]:
-    """Ray on the loopback head, started once; yields its address."""
+    """Ray on the loopback head, started once by hand with token authentication on; yields its address.
+
+    Its ``--temp-dir`` is a folder of its own, not one of ``up``'s (``/tmp/jc-*``): this module
+    runs beside the other tests (``scripts/test.sh``), whose ``--start-head`` must not find and
+    join it. The token travels as ``up``'s does: the kernel hands its ``RAY_AUTH_TOKEN`` to each
+    agent it starts."""
     previous = jc.current()
-    # `up` always starts a Ray of its own (`--start-head` would join one already running here).
-    cluster = jc.up(f"root@{sshd_server.host}:{sshd_server.port}", port=free_port(), **_options(sshd_server))
+    token = secrets.token_hex(32)
+    temp = tempfile.mkdtemp(prefix="jcl-head-", dir="/tmp")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    args = [RAY, "start", "--head", "--port", str(free_port()), "--num-cpus", "1", "--disable-usage-stats"]
+    args += ["--include-dashboard", "false", "--temp-dir", temp]
+    done = subprocess.run(args, capture_output=True, text=True, env=environ, timeout=120)
+    match = re.search(r"--address='([^']+)'", done.stdout + done.stderr)
+    assert done.returncode == 0 and match, done.stderr[-2000:]
+    session = os.path.basename(os.path.realpath(os.path.join(temp, "session_latest")))
+    target = SSHTarget.parse(f"root@{sshd_server.host}:{sshd_server.port}", **_options(sshd_server))
+    started = StartedRay(match.group(1), session, token, [target])
+    saved = os.environ.get("RAY_AUTH_TOKEN")
+    os.environ["RAY_AUTH_TOKEN"] = token
     try:
-        assert cluster.started is not None
-        yield cluster.started.address
+        yield started.address
     finally:
-        cluster.down()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_TOKEN", None)
+        else:
+            os.environ["RAY_AUTH_TOKEN"] = saved
+        asyncio.run(_stop_started(started))
+        shutil.rmtree(temp, ignore_errors=True)
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
 

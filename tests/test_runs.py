@@ -251,6 +251,9 @@ def test_tune_marks_a_trial_that_raises_and_goes_on(cluster: jc.Cluster) -> None
     assert list(trials.loc[[0.1, 0.2], "state"]) == ["TERMINATED", "TERMINATED"]
     assert trials.loc[0.9, "state"] == "ERROR"
     assert "lr 0.9 diverged" in trials.loc[0.9, "error"] and "ArithmeticError" in trials.loc[0.9, "error"]
+    failure = result.failures[trials.loc[0.9, "trial"]]
+    assert isinstance(failure, ArithmeticError)  # raise it: its traceback is the trainable's own lines
+    assert failure.failure.frames[-1][0] == __file__ and failure.failure.frames[-1][2] == "trainable"
     assert trials.loc[0.2, "iterations"] == 4
     assert result.best_config["lr"] == 0.2 and 0.0 <= result.best_config["bias"] <= 0.01
     assert result.best_result["score"] == pytest.approx(0.8 + result.best_config["bias"])
@@ -328,3 +331,30 @@ def test_cancelling_a_sweep_stops_its_trials_and_survives_a_dropped_link(cluster
     with pytest.raises(CellInterrupted):
         run.result(timeout=60)
     assert_clean(cluster)
+
+
+def test_interrupting_a_blocking_sweep_cancels_it(cluster: jc.Cluster) -> None:
+    """Ctrl-C (the kernel's interrupt: KeyboardInterrupt in the main thread) during a blocking ``jc.tune``."""
+    import _thread
+
+    def slow(config: dict[str, Any]) -> None:
+        import time
+
+        from ray import tune
+
+        for i in range(1, 10_000):
+            time.sleep(0.1)
+            tune.report({"score": i})
+
+    timer = threading.Timer(12, _thread.interrupt_main)
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(CellInterrupted) as caught:
+            jc.tune(slow, {"lr": jc.grid_search([1.0, 2.0])}, metric="score", mode="max")
+    finally:
+        timer.cancel()
+    assert "cancelled jc.tune(slow)" in str(caught.value)
+    assert time.monotonic() - started < 45, "the interrupted sweep took too long to stop"
+    assert_clean(cluster)
+    assert cluster.run_cell("z = 3").result().outputs == {"z": 3}
