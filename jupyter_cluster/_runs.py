@@ -644,8 +644,8 @@ def _tune_result(run: Run, summary: dict[str, Any]) -> TuneResult:
             if row["trial"] == key:
                 row["error"] = f"{type(failure).__name__}: {failure}"
     best = summary.get("best") or {}
-    spec_metric = next((e.get("metric") for e in run.events if e.get("type") == "start"), "")
-    spec_mode = next((e.get("mode") for e in run.events if e.get("type") == "start"), "")
+    spec_metric = str(next((e.get("metric") for e in run.events if e.get("type") == "start"), ""))
+    spec_mode = str(next((e.get("mode") for e in run.events if e.get("type") == "start"), ""))
     result = TuneResult(
         best_config=best.get("config"),
         best_result=best.get("metrics"),

@@ -167,8 +167,8 @@ class Captured:
     def __enter__(self) -> Captured:
         self.saved = sys.stdout, sys.stderr
         if self.sender.actor is not None:
-            sys.stdout = StreamTo(self.sender, 2 * self.stream, "stdout", self.prefix)  # type: ignore[assignment]
-            sys.stderr = StreamTo(self.sender, 2 * self.stream + 1, "stderr", self.prefix)  # type: ignore[assignment]
+            sys.stdout = StreamTo(self.sender, 2 * self.stream, "stdout", self.prefix)
+            sys.stderr = StreamTo(self.sender, 2 * self.stream + 1, "stderr", self.prefix)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -130,7 +130,7 @@ def _callbacks(relay: str, cell_id: str) -> list[Any]:
     except ImportError:
         return []
 
-    class PlacementGroups(WorkerGroupCallback):  # type: ignore[misc]
+    class PlacementGroups(WorkerGroupCallback):
         def after_worker_group_start(self, worker_group: Any) -> None:
             try:
                 group = worker_group.get_worker_group_state().placement_group_handle.placement_group
@@ -316,7 +316,7 @@ def creator_loop(config: dict[str, Any]) -> None:
             scheduler.step()
         if epoch == epochs and rank == 0:
             with tempfile.TemporaryDirectory() as folder:
-                state = model.module.state_dict() if hasattr(model, "module") else model.state_dict()
+                state = model.module.state_dict() if hasattr(model, "module") else model.state_dict()  # type: ignore[union-attr]
                 torch.save(state, os.path.join(folder, "model.pt"))
                 ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
         else:
@@ -330,7 +330,7 @@ def _epoch(model: Any, loader: Any, criterion: Any, optimizer: Any, prefix: str)
     import torch
 
     model.train(optimizer is not None)
-    total_loss, seen, correct, classify = 0.0, 0, 0, True
+    total_loss, seen, correct, classify = 0.0, 0.0, 0.0, True
     for batch in loader:
         features, target = batch[0], batch[1]
         output = model(features)

@@ -134,7 +134,7 @@ def _callback_class() -> type:
     from ray.tune import Callback
     from ray.tune.utils import flatten_dict
 
-    class TrialEvents(Callback):  # type: ignore[misc]
+    class TrialEvents(Callback):
         """Sends each trial's start, results and end to the notebook; checks the metric."""
 
         def __init__(self, send: Sender, metric: str, max_t: float | None = None) -> None:
@@ -286,7 +286,7 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
             raise cause from None
         raise
     trials = []
-    for result in grid:
+    for result in list(grid):  # type: ignore[call-overload]
         metrics = numbers(result.metrics or {})
         trials.append(
             {
@@ -301,7 +301,7 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
     best: dict[str, Any] | None = None
     # The best trial by its last result, among those that did not fail (Ray's own pick
     # counts a trial that raised with what it reported before).
-    scored = [r for r in grid if r.metrics and finite(r.metrics.get(metric))]
+    scored = [r for r in list(grid) if r.metrics and finite(r.metrics.get(metric))]  # type: ignore[call-overload]
     healthy = [r for r in scored if r.error is None] or scored
     pick = min if mode == "min" else max
     chosen = pick(healthy, key=lambda r: r.metrics[metric]) if healthy else None

@@ -58,7 +58,7 @@ def fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
-class RunView(ipywidgets.VBox):  # type: ignore[misc]
+class RunView(ipywidgets.VBox):
     """The live view of a run: subclasses draw its events."""
 
     EVERY = 0.25
@@ -202,7 +202,8 @@ def figure(title: str, x_label: str) -> Any:
 
     plot = bokeh_figure(title=title, width=330, height=210, toolbar_location=None, name=title)
     plot.xaxis.axis_label = x_label
-    plot.title.text_font_size = "10pt"
+    if plot.title is not None and not isinstance(plot.title, str):
+        plot.title.text_font_size = "10pt"
     return plot
 
 

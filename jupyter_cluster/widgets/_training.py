@@ -91,12 +91,11 @@ class TrainingView(RunView):
         plot.legend.visible = self.num_workers > 1
         self.sources[name] = source
         self.rows[name] = [0]
-        figures = list(self.layout_root.children)
-        row_of = len(figures) and figures[-1]
         from bokeh.layouts import row
 
-        if figures and len(row_of.children) < 3:
-            row_of.children = [*row_of.children, plot]
+        figures: list[Any] = list(self.layout_root.children)
+        if figures and len(figures[-1].children) < 3:  # three plots to a row
+            figures[-1].children = [*figures[-1].children, plot]
         else:
             self.layout_root.children = [*figures, row(plot)]
 
@@ -108,7 +107,7 @@ class TrainingView(RunView):
             return
         source.patch({"worker": [(0, "rank 0")]})
         ranks = sorted(r for r in self.points.get(name, {}) if r != 0)
-        new = {"xs": [], "ys": [], "color": [], "worker": []}
+        new: dict[str, list[Any]] = {"xs": [], "ys": [], "color": [], "worker": []}
         for rank in ranks:
             pts = self.points[name][rank]
             new["xs"].append([p[0] for p in pts])
