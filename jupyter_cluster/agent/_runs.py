@@ -14,7 +14,6 @@ import math
 import os
 import sys
 import threading
-import time
 from typing import Any
 
 #: Where runs keep their results and checkpoints on the head, unless told otherwise.
@@ -246,10 +245,6 @@ def check_bundles(what: str, bundles: list[dict[str, float]], nodes: list[dict[s
         f"{what} needs {asked} in all, and this cluster can never hold that: "
         f"it has {len(nodes)} node(s) with {per_node}.{hint}"
     )
-
-
-def when() -> float:
-    return time.time()
 
 
 def finite(value: Any) -> bool:

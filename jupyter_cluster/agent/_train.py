@@ -34,7 +34,6 @@ from ._runs import (
     cluster_totals,
     current_sender,
     numbers,
-    plain,
     relay_of_current,
 )
 
@@ -383,4 +382,4 @@ def read_checkpoint(path: str, limit: int = 2 << 30) -> dict[str, bytes]:
     return files
 
 
-__all__ = ["creator_loop", "plain", "read_checkpoint", "run_train", "run_train_with", "takes_config", "wrap"]
+__all__ = ["creator_loop", "read_checkpoint", "run_train", "run_train_with", "takes_config", "wrap"]

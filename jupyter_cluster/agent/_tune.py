@@ -54,7 +54,7 @@ BOOKKEEPING = {
 }
 
 
-def make_scheduler(name: Any, options: dict[str, Any], metric: str, mode: str) -> Any:
+def make_scheduler(name: Any, options: dict[str, Any]) -> Any:
     """A Ray Tune scheduler from its name (``asha``, ``hyperband``, ``pbt``, ``fifo``), or the object given."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, PopulationBasedTraining
 
@@ -248,7 +248,7 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
     why = check_bundles("each trial", [resources], nodes)
     if why:
         raise RunError(why)
-    scheduler = make_scheduler(spec.get("scheduler"), spec.get("scheduler_options") or {}, metric, mode)
+    scheduler = make_scheduler(spec.get("scheduler"), spec.get("scheduler_options") or {})
     searcher = make_searcher(spec.get("search_alg"), spec.get("search_options") or {})
     name = spec.get("name") or f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{cell_id[-6:]}"
     storage = spec.get("storage_path") or DEFAULT_STORAGE

@@ -179,9 +179,5 @@ class TrainingView(RunView):
             f"<tr>{head}</tr>{''.join(body)}</table>"
         )
 
-    def ended(self, result: Any) -> None:
-        if result is not None and getattr(result, "checkpoint", None) is not None:
-            self.detail = ""
-
 
 __all__ = ["TrainingView"]
