@@ -14,8 +14,8 @@
 #      editable, with its dev extras: pip install -e ".[dev]".
 #   3. The `python3` Jupyter kernel, into this environment: python -m ipykernel install --sys-prefix.
 #   4. The tests: with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the whole suite
-#      as two pytest processes side by side (tests/test_examples.py then tests/test_link_loss.py,
-#      which mostly waits out long outages, beside the rest). Exits with pytest's status (the first that failed); exit code 5
+#      as two pytest processes side by side (the examples, the Train and Tune runs and the
+#      link-loss tests, which mostly wait out long outages, beside the rest). Exits with pytest's status (the first that failed); exit code 5
 #      (no tests collected) is reported as a failure.
 set -euo pipefail
 
@@ -79,12 +79,12 @@ echo "::: the python3 kernel, into $("$PYTHON" -c 'import sys; print(sys.prefix)
 
 # ---------------------------------------------------------------- tests
 
-# With no arguments, the whole suite runs as two pytest processes side by side: the example
-# notebooks and then the link-loss tests (which mostly wait out outages of 45 s or more) in
-# one, all the others in the other. The first keeps its Ray sessions in a folder of its own
-# (RAY_TMPDIR), so that no test reading /tmp/ray/session_latest meets its clusters, and its
-# one Ray head has a --temp-dir that --start-head never looks in. With arguments, one pytest
-# runs them as given.
+# With no arguments, the whole suite runs as two pytest processes side by side, of about the
+# same length on two cores: the example notebooks, the Train and Tune runs and the link-loss
+# tests (which mostly wait out outages of 45 s or more) in one, all the others in the other.
+# The first keeps its Ray sessions in a folder of its own (RAY_TMPDIR), so that no test reading
+# /tmp/ray/session_latest meets its clusters, and its one Ray head has a --temp-dir that
+# --start-head never looks in. With arguments, one pytest runs them as given.
 status() {  # a pytest exit status, with "no tests collected" (5) named a failure
     if [ "$1" -eq 5 ]; then
         echo "FAILED: pytest collected no tests (exit code 5)${2:+ in $2}" >&2
@@ -99,24 +99,25 @@ if [ "$#" -gt 0 ]; then
     exit "$rc"
 fi
 
-SLEEPY="tests/test_examples.py tests/test_link_loss.py"
+SIDE=(tests/test_examples.py tests/test_runs.py tests/test_link_loss.py)
+ignore=()
+for path in "${SIDE[@]}"; do ignore+=("--ignore=$path"); done
 log="$(mktemp)"
 tmpdir="$(mktemp -d /tmp/jcl.XXXX)"
-echo "::: python -m pytest -x -q $SLEEPY (beside the rest; its output follows theirs)"
-# shellcheck disable=SC2086
-RAY_TMPDIR="$tmpdir" "$PYTHON" -m pytest -x -q -p no:cacheprovider $SLEEPY >"$log" 2>&1 &
-sleepy=$!
-echo "::: python -m pytest -x -q --ignore=tests/test_examples.py --ignore=tests/test_link_loss.py"
+echo "::: python -m pytest -x -q ${SIDE[*]} (beside the rest; its output follows theirs)"
+RAY_TMPDIR="$tmpdir" "$PYTHON" -m pytest -x -q -p no:cacheprovider "${SIDE[@]}" >"$log" 2>&1 &
+side=$!
+echo "::: python -m pytest -x -q ${ignore[*]}"
 rc=0
-"$PYTHON" -m pytest -x -q --ignore=tests/test_examples.py --ignore=tests/test_link_loss.py || rc=$?
-rc_sleepy=0
-wait "$sleepy" || rc_sleepy=$?
-echo "::: $SLEEPY"
+"$PYTHON" -m pytest -x -q "${ignore[@]}" || rc=$?
+rc_side=0
+wait "$side" || rc_side=$?
+echo "::: ${SIDE[*]}"
 cat "$log"
 rm -rf "$log" "$tmpdir"
 status "$rc"
-status "$rc_sleepy" "$SLEEPY"
+status "$rc_side" "${SIDE[*]}"
 if [ "$rc" -ne 0 ]; then
     exit "$rc"
 fi
-exit "$rc_sleepy"
+exit "$rc_side"
