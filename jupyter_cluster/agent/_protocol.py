@@ -58,11 +58,9 @@ def _collector(buffers: list[Any]) -> Callable[[pickle.PickleBuffer], bool]:
 
 
 def _cloudpickle_dumps() -> Callable[..., bytes]:
-    try:
-        import cloudpickle
-    except ImportError:
-        from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
-    return cloudpickle.dumps
+    from ._pickling import dumps
+
+    return dumps
 
 
 def dumps(obj: Any) -> tuple[bytes, list[Any]]:
