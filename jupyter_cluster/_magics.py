@@ -38,6 +38,13 @@ def _display(obj: Any, **kwargs: Any) -> Any:
     return display(obj, **kwargs)
 
 
+class _Later:
+    """A redraw scheduled from another thread: it runs once anyway (an extra redraw at most)."""
+
+    def cancel(self) -> None:
+        pass
+
+
 class _CellArea:
     """The display area of an ``--async`` cell: a status line and its output.
 
@@ -132,7 +139,13 @@ class _CellArea:
             self._sent = time.monotonic()
             in_current_cell(self.handle.update, self)
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(wait, self._redraw)
+            try:
+                self._timer = asyncio.get_running_loop().call_later(wait, self._redraw)
+            except RuntimeError:  # not on the link's loop: a listener given the events so far, at subscribe
+                from .widgets._progress import _later
+
+                self._timer = _Later()
+                _later(wait, self._redraw)
 
     def _redraw(self) -> None:
         self._timer = None
