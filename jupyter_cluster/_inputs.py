@@ -14,9 +14,10 @@ import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import cloudpickle
+
 from ._errors import InputError, failed_input
 from ._handles import ObjectHandle
-from .agent._pickling import dumps
 from .agent._protocol import Pickled
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class ShippedInputs:
 def pickle_value(name: str, value: Any) -> Pickled:
     """cloudpickle ``value``, or raise :class:`InputError` naming ``name``."""
     try:
-        return Pickled.of(value, dumps)
+        return Pickled.of(value, cloudpickle.dumps)
     except Exception as exc:
         kind = type(value).__qualname__
         raise InputError(

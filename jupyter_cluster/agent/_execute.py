@@ -34,7 +34,6 @@ try:
 except ImportError:  # a head without it: Ray carries its own copy
     from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 
-from ._pickling import dumps
 from ._protocol import Pickled
 from ._sources import ModuleSource
 
@@ -305,14 +304,14 @@ def package_value(value: Any, threshold: int) -> tuple[OutputInfo, Any]:
     if nbytes is not None and nbytes > threshold:
         return OutputInfo("remote", meta={**describe(value), "nbytes": nbytes}), value
     try:
-        blob = Pickled.of(value, dumps)
+        blob = Pickled.of(value, cloudpickle.dumps)
     except Exception as exc:
         meta = {**describe(value), "error": f"{type(exc).__name__}: {exc}"}
         return OutputInfo("unpicklable", meta=meta), None
     if blob.nbytes > threshold:
         meta = {**describe(value), "nbytes": nbytes if nbytes is not None else blob.nbytes}
         return OutputInfo("remote", meta=meta), blob
-    data = blob.data if not blob.buffers else dumps(value)  # small: all in band
+    data = blob.data if not blob.buffers else cloudpickle.dumps(value)  # small: all in band
     if _NEEDS_RAY.search(data):
         # Ray objects (ObjectRefs, remote functions, actor handles) mean nothing without
         # Ray, and the kernel never imports it: they stay on the cluster behind a handle.

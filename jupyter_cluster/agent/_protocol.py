@@ -58,9 +58,11 @@ def _collector(buffers: list[Any]) -> Callable[[pickle.PickleBuffer], bool]:
 
 
 def _cloudpickle_dumps() -> Callable[..., bytes]:
-    from ._pickling import dumps
-
-    return dumps
+    try:
+        import cloudpickle
+    except ImportError:
+        from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
+    return cloudpickle.dumps
 
 
 def dumps(obj: Any) -> tuple[bytes, list[Any]]:
