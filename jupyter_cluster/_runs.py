@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._errors import CellInterrupted, ClusterError, InputError, RemoteError, remote_error
+from .agent._runs import flat
 from .agent._space import SpaceError, check
 
 if TYPE_CHECKING:
@@ -633,7 +634,7 @@ def _tune_result(run: Run, summary: dict[str, Any]) -> TuneResult:
     rows = []
     for trial in summary.get("trials", []):
         row: dict[str, Any] = {"trial": trial["trial"]}
-        row.update({f"config/{k}": v for k, v in _flat(trial.get("config") or {}).items()})
+        row.update({f"config/{k}": v for k, v in flat(trial.get("config") or {}).items()})
         row["state"] = states.get(trial["trial"], "ERROR" if trial.get("error") else "TERMINATED")
         row["iterations"] = trial.get("iterations", 0)
         row.update(trial.get("metrics") or {})
@@ -666,16 +667,6 @@ def _tune_result(run: Run, summary: dict[str, Any]) -> TuneResult:
     if run.widget is not None:
         run.widget.finish("done", run, result)
     return result
-
-
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 __all__ = ["Checkpoint", "Run", "RunError", "TrainResult", "TuneResult", "train_torch", "tune"]

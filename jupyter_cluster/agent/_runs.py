@@ -48,17 +48,20 @@ def plain(value: Any, depth: int = 0) -> Any:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def numbers(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The reported metrics, plain; nested dicts flattened with ``/`` as Ray Tune does."""
+def flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``values`` with nested dicts flattened into ``outer/inner`` keys, as Ray Tune names them."""
     out: dict[str, Any] = {}
-    for key, value in metrics.items():
-        value = plain(value)
+    for key, value in values.items():
         if isinstance(value, dict):
-            for sub, inner in numbers(value).items():
-                out[f"{key}/{sub}"] = inner
+            out.update(flat(value, f"{prefix}{key}/"))
         else:
-            out[str(key)] = value
+            out[f"{prefix}{key}"] = value
     return out
+
+
+def numbers(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The reported metrics, plain, flattened (see :func:`flat`)."""
+    return flat({str(k): plain(v) for k, v in metrics.items()})
 
 
 class Sender:

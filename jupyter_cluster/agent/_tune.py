@@ -147,7 +147,7 @@ def _callback_class() -> type:
             self.results = 0
             self.stopped: set[str] = set()
 
-        def _trial(self, trial: Any, state: str) -> None:
+        def _trial(self, trial: Any, state: str, **extra: Any) -> None:
             self.send(
                 "tune",
                 {
@@ -157,6 +157,7 @@ def _callback_class() -> type:
                     "config": plain(trial.config),
                     "state": state,
                     "time": time.time(),
+                    **extra,
                 },
             )
 
@@ -204,18 +205,7 @@ def _callback_class() -> type:
             self._trial(trial, "STOPPED" if trial.trial_id in self.stopped else "TERMINATED")
 
         def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-            self.send(
-                "tune",
-                {
-                    "type": "trial",
-                    "trial": trial.trial_id,
-                    "name": str(trial),
-                    "config": plain(trial.config),
-                    "state": "ERROR",
-                    "time": time.time(),
-                    "error": _trial_error(trial),
-                },
-            )
+            self._trial(trial, "ERROR", error=_trial_error(trial))
 
     return TrialEvents
 

@@ -12,6 +12,7 @@ import html
 import time
 from typing import Any
 
+from ..agent._runs import flat
 from ._run import PALETTE, STATE_COLORS, TABLE_STYLE, RunView, figure, fmt
 
 STOPPED = "#9e9e9e"
@@ -147,7 +148,7 @@ class TrialsView(RunView):
 
         rows = []
         for trial_id, trial in sorted(self.trials.items(), key=order)[:MAX_ROWS]:
-            config = ", ".join(f"{k}={fmt(v)}" for k, v in _flat(trial["config"]).items())
+            config = ", ".join(f"{k}={fmt(v)}" for k, v in flat(trial["config"]).items())
             state = trial["state"]
             color = STATE_COLORS.get(state, "#333")
             shown = "stopped early" if state == "STOPPED" else state.lower()
@@ -169,16 +170,6 @@ class TrialsView(RunView):
             "<tr><th>trial</th><th>config</th><th>state</th><th>iter</th>"
             f"<th>last {metric}</th><th>best {metric}</th><th>error</th></tr>{''.join(rows)}{tail}</table>"
         )
-
-
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 __all__ = ["TrialsView"]
