@@ -112,6 +112,35 @@ def init_ray(args: argparse.Namespace) -> None:
         # The agent's code was shipped to this head only: Ray carries it to every worker.
         kwargs["runtime_env"] = {"py_modules": [os.path.join(args.ship, "jupyter_cluster")]}
     ray.init(**kwargs)
+    if args.local:
+        wait_for_workers(int(ray.available_resources().get("CPU", 0)))
+
+
+def wait_for_workers(count: int, timeout: float = 60.0) -> None:
+    """Return once `count` worker processes are up, as dask's LocalCluster does.
+
+    Ray starts a worker per CPU for the first driver, but in the background: a cell run
+    before they are up waits for them, and on a busy machine its tasks start one by one
+    (four 1-second tasks took 4.5 s on a loaded 2-core machine). Tasks that each hold a CPU
+    a moment need `count` workers at once. Past `timeout` the cluster is used as it is.
+    """
+    import ray
+
+    if count < 1:
+        return
+    started = time.monotonic()
+    try:
+        task = ray.remote(num_cpus=1)(_worker_pid)
+        pids = ray.get([task.remote() for _ in range(count)], timeout=timeout)
+    except Exception:
+        log.warning("the embedded cluster's workers were not all up in %.0f s", timeout, exc_info=True)
+        return
+    log.info("%d worker processes up in %.1f s", len(set(pids)), time.monotonic() - started)
+
+
+def _worker_pid() -> int:
+    time.sleep(0.2)  # long enough that no worker runs two of them
+    return os.getpid()
 
 
 def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
