@@ -123,10 +123,12 @@ def dashboard(window: float = 300.0) -> Any:
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
-    """``%load_ext jupyter_cluster``: register the magics."""
+    """``%load_ext jupyter_cluster``: register the magics, and the JupyterLab sidebar's comm."""
     from ._magics import ClusterMagics
+    from ._sidebar import Sidebar
 
     ipython.register_magics(ClusterMagics)
+    Sidebar.install(ipython)
 
 
 __all__ = [

@@ -102,6 +102,10 @@ class RemoteCell:
         self.started_items = 0
         self.stdout = ""
         self.stderr = ""
+        #: The notebook's thread waits on it (:meth:`events`): the kernel is busy until it ends.
+        self.foreground = False
+        #: When it ended (``time.time()``), once it has.
+        self.finished: float | None = None
         self._shipped = shipped
         self._future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -177,6 +181,7 @@ class RemoteCell:
 
     def events(self, poll: float = 0.1) -> Iterator[tuple[str, Any]]:
         """Yield ``(event, data)`` in the calling thread until the cell is finished."""
+        self.foreground = True
         while True:
             try:
                 event = self._events.get(timeout=poll)
@@ -234,6 +239,7 @@ class RemoteCell:
         self._settle()
         for handle in self.handles.values():
             handle._fail(error)
+        self.finished = time.time()
         self._future.set_exception(error)
 
     def _finish(self, data: dict[str, Any]) -> None:
@@ -293,6 +299,7 @@ class RemoteCell:
             keep.update(v.id for v in items if isinstance(v, ObjectHandle))
         self.cluster._release_many(h for h in handles.values() if h not in keep)
         self.status = "done"
+        self.finished = time.time()
         self._future.set_result(result)
 
     def _missing(self, outcomes: list[CellOutcome]) -> dict[str, str]:

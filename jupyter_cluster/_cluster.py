@@ -12,6 +12,7 @@ import concurrent.futures
 import html
 import itertools
 import linecache
+import logging
 import platform
 import threading
 import uuid
@@ -39,6 +40,8 @@ from .agent._execute import CellSpec, cell_filename
 #: Outputs larger than this stay on the cluster behind a handle.
 DEFAULT_THRESHOLD = 1 << 20
 MODES = ("task", "actor", "driver", "map")
+
+log = logging.getLogger("jupyter_cluster")
 
 _current: Cluster | None = None
 _lock = threading.Lock()
@@ -107,6 +110,7 @@ class Cluster:
         #: ``jc.map`` calls whose progress bar still runs: their handle ids, and their watch.
         self._trackers: list[tuple[frozenset[str], concurrent.futures.Future[Any]]] = []
         link.on_give_up = self._link_gave_up
+        link.watchers.append(lambda what: tell("link", self))
         #: Interrupting a cell while the link is down: "cancel" it when the link
         #: returns, or "keep" it running (its result arrives when the link is back).
         self.on_interrupt = "cancel"
@@ -137,7 +141,7 @@ class Cluster:
         """The status card (one request to the agent; the link's state alone while it is down)."""
         if self._link.closed:
             return f"<code>{html.escape(repr(self))}</code>"
-        return self.status()._repr_html_()
+        return self.status().html(button=True)
 
     @property
     def link(self) -> dict[str, Any]:
@@ -269,6 +273,7 @@ class Cluster:
             cell.progress = (0, len(items))
         self.cells[cell_id] = cell
         cell.add_done_callback(self._forget_cell)
+        tell("cell", cell)
         self._link.request("run_cell", body, cell._on_event)
         return cell
 
@@ -506,7 +511,9 @@ class Cluster:
 
         >>> jc.current().kill_actor("trainer")  # doctest: +SKIP
         """
-        if not self._call("kill_actor", {"name": name}):
+        killed = self._call("kill_actor", {"name": name})
+        tell("actors", self)
+        if not killed:
             raise RequestError(f"this cluster has no actor named {name!r} (`%cluster status` lists them)")
 
     def _release(self, handle_id: str) -> None:
@@ -611,19 +618,38 @@ def _bar_events(bar: Any, wanted: int | None = None) -> Callable[[str, Any], Non
     return on_event
 
 
+#: Called as ``watcher(kind, data)`` with what the JupyterLab sidebar shows, on any thread:
+#: "current" (the attached cluster changed; data: it, or None), "cell" (a cell was
+#: submitted), "run" (a training or sweep began), "link" (a cluster's link changed state,
+#: or its round trip), "actors" (a cluster's actors may have changed).
+watchers: list[Callable[[str, Any], None]] = []
+
+
+def tell(kind: str, data: Any) -> None:
+    for watcher in list(watchers):
+        try:
+            watcher(kind, data)
+        except Exception:
+            log.exception("a watcher of the cluster failed on %r", kind)
+
+
 def _forget(cluster: Cluster) -> None:
     global _current
     with _lock:
-        if _current is cluster:
-            _current = None
+        if _current is not cluster:
+            return
+        _current = None
+    tell("current", None)
 
 
 def attach(cluster: Cluster) -> Cluster:
     """Make ``cluster`` the one the notebook's magics and ``jc.*`` functions use."""
     global _current
     with _lock:
-        _current = cluster
+        changed, _current = _current is not cluster, cluster
     _detached.pop(cluster._link.session, None)
+    if changed:
+        tell("current", cluster)
     return cluster
 
 
@@ -656,5 +682,6 @@ def local(cpus: float | None = None, gpus: float | None = None, object_store: in
         except BaseException:
             agent.stop()
             raise
-        _current = Cluster(link, kind="embedded local", agent=agent)
-        return _current
+        _current = cluster = Cluster(link, kind="embedded local", agent=agent)
+    tell("current", cluster)
+    return cluster

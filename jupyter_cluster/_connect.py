@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import ipaddress
+import logging
 import os
 import re
 import secrets
@@ -27,7 +28,11 @@ from ._link import DEFAULT_KEEPALIVE, AgentLink, _LoopThread
 from ._ssh import HeadError, RemoteHead, SSHTarget, SSHTransport, open_ssh
 
 DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
+log = logging.getLogger("jupyter_cluster")
+
 DASHBOARD_PORT = 8265
+#: What `ray start` says when its raylet did not register with the GCS within Ray's 30 s.
+STARTUP_TIMEOUT = "timed out during startup"
 
 
 @dataclass
@@ -379,21 +384,27 @@ async def _start_worker(target: SSHTarget, started: StartedRay, timeout: float =
                 f"worker {target.host} could not join the head at {started.address}: it cannot reach that "
                 f"address ({reason[0]}). Check the network between them (routes, firewalls)."
             )
-        try:
-            done = await worker.start_ray(
-                f"start --address {shlex.quote(started.address)} --disable-usage-stats {_node_ip(target)}",
-                _token_env(started.token),
-                timeout=timeout,
-            )
-        except asyncio.TimeoutError:
-            done = None
-        if done is None or done.exit_status != 0:
+        for attempt in (1, 2):
+            try:
+                done = await worker.start_ray(
+                    f"start --address {shlex.quote(started.address)} --disable-usage-stats {_node_ip(target)}",
+                    _token_env(started.token),
+                    timeout=timeout,
+                )
+            except asyncio.TimeoutError:
+                done = None
+            if done is not None and done.exit_status == 0:
+                return
             await worker.stop_ray(*started.patterns)
-            detail = "it did not join in time" if done is None else str(done.stderr).strip()[-800:]
-            raise HeadError(
-                f"worker {target.host} could not join the head at {started.address}: {detail}. "
-                "Check that the worker can reach the head's address and port."
-            )
+            # Ray gives a raylet 30 s to register, which a busy host can miss: once more.
+            if done is None or STARTUP_TIMEOUT not in str(done.stderr) or attempt == 2:
+                break
+            log.warning("worker %s: its raylet did not register in Ray's 30 s; starting it again", target.host)
+        detail = "it did not join in time" if done is None else str(done.stderr).strip()[-800:]
+        raise HeadError(
+            f"worker {target.host} could not join the head at {started.address}: {detail}. "
+            "Check that the worker can reach the head's address and port."
+        )
 
 
 __all__ = ["connect", "up"]

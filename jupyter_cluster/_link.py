@@ -193,6 +193,8 @@ class AgentLink:
         self.bytes_received = 0
         #: Called with the reason when the link gives up for good (the session may live on).
         self.on_give_up: Callable[[BaseException], None] | None = None
+        #: Called as ``watcher(what)`` when the ``state`` or the ``rtt`` changed (on any thread).
+        self.watchers: list[Callable[[str], None]] = []
         #: Final events of requests this link did not send (an earlier kernel's).
         self.orphans: list[tuple[str, Any]] = []
         #: Tells this link's request ids (and its cells') from those of an earlier kernel
@@ -206,6 +208,18 @@ class AgentLink:
         self._heard_at = time.monotonic()
         self._ack_scheduled = False
         self._thread = _LoopThread.get()
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self._changed("state")
+
+    def _changed(self, what: str) -> None:
+        for watcher in list(self.watchers):
+            try:
+                watcher(what)
+            except Exception:
+                log.exception("a watcher of the link failed")
 
     # ------------------------------------------------------------ connecting
     def connect(self, timeout: float = 60.0) -> dict[str, Any]:
@@ -249,7 +263,7 @@ class AgentLink:
             self._heartbeat_task = asyncio.ensure_future(self._heartbeat(out))
         for request in list(self.pending.values()):
             out.write(request.frame)
-        self.state = "connected"
+        self._set_state("connected")
         return self.welcome
 
     def _heard(self) -> None:
@@ -301,7 +315,7 @@ class AgentLink:
             out.write(Frame({"type": "ping", "t": time.monotonic()}))
 
     async def _reconnect(self, reason: str) -> None:
-        self.state = "reconnecting"
+        self._set_state("reconnecting")
         self.down_since = time.time()
         self.attempts = 0
         self.last_error = reason
@@ -358,7 +372,7 @@ class AgentLink:
         self.lost = str(error)
         self.lost_error = error
         self.closed = True
-        self.state = "lost"
+        self._set_state("lost")
         self._fail_all(error)
         if self.on_give_up is not None:
             try:
@@ -389,6 +403,7 @@ class AgentLink:
         header = frame.header
         if frame.type == "pong":
             self.rtt = time.monotonic() - float(header.get("t", 0.0))
+            self._changed("rtt")
             return
         seq = int(header.get("seq", 0))
         if seq and seq <= self.last_seq:
@@ -473,7 +488,7 @@ class AgentLink:
     def close(self) -> None:
         """End the link; the agent keeps the session and its work."""
         self.closed = True
-        self.state = "detached"
+        self._set_state("detached")
 
         def _close() -> None:
             if self._reader_task is not None:

@@ -20,6 +20,7 @@ import pathlib
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -206,6 +207,10 @@ class Run:
         self.widget = view
         self.events: list[dict[str, Any]] = []
         self.failures: dict[Any, BaseException] = {}
+        #: The metric a sweep optimises and its mode ("min", "max"); None for a training run.
+        self.metric: str | None = None
+        self.mode: str | None = None
+        self.started = time.time()
         self._build = build
         self._result: Any = None
         self._lock = threading.Lock()
@@ -339,7 +344,15 @@ def _check_sendable(what: str, value: Any) -> None:
 
 
 def _start(
-    cluster: Cluster, kind: str, source: str, namespace: dict[str, Any], label: str, view: Any, build: Any
+    cluster: Cluster,
+    kind: str,
+    source: str,
+    namespace: dict[str, Any],
+    label: str,
+    view: Any,
+    build: Any,
+    metric: str | None = None,
+    mode: str | None = None,
 ) -> Run:
     cell = cluster.run_cell(
         source,
@@ -352,8 +365,12 @@ def _start(
         ephemeral=True,
     )
     run = Run(kind, cell, view, build)
+    run.metric, run.mode = metric, mode
     if view is not None:
         view.started(run)
+    from ._cluster import tell
+
+    tell("run", run)
     return run
 
 
@@ -620,7 +637,15 @@ def tune(
     label = f"jc.tune({getattr(trainable, '__name__', 'trainable')})"
     view = _view(progress, lambda: TrialsView(label, metric, mode))
     run = _start(
-        cluster, "tune", TUNE_SOURCE, {"_jc_trainable": trainable, "_jc_spec": spec}, label, view, _tune_result
+        cluster,
+        "tune",
+        TUNE_SOURCE,
+        {"_jc_trainable": trainable, "_jc_spec": spec},
+        label,
+        view,
+        _tune_result,
+        metric,
+        mode,
     )
     return run.wait() if block else run
 

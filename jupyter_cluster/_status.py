@@ -82,3 +82,9 @@ class ClusterStatus:
         from .widgets._card import status_html
 
         return status_html(self)
+
+    def html(self, button: bool = False) -> str:
+        """The card; ``button``: with "Open dashboard", for JupyterLab's sidebar extension."""
+        from .widgets._card import status_html
+
+        return status_html(self, button)

@@ -20,25 +20,23 @@ the playwright module is missing.
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "browser"
+from .lab import (
+    ARTIFACTS,
+    CHROMIUM,
+    KERNEL_IDLE_JS,
+    LAST_CELL_RAN_JS,
+    Lab,
+    console_problems,
+    execute,
+    lab_server,
+)
+
 NOTEBOOK = "dashboard.ipynb"
 ITEMS = 200
 
@@ -52,25 +50,6 @@ CELLS = [
 #: Colours the dashboard draws with (jupyter_cluster.widgets._dashboard.COLORS).
 RAM_GREEN = (0x54, 0xA2, 0x4B)
 CPU_BLUE = (0x4C, 0x78, 0xA8)
-
-#: True once the notebook at this path is open and its kernel idle.
-KERNEL_IDLE_JS = """
-(path) => {
-  const app = window.jupyterapp;
-  const panel = app && app.shell.currentWidget;
-  if (!panel || !panel.context || panel.context.path !== path || !panel.context.isReady) return false;
-  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
-  return !!kernel && kernel.status === "idle";
-}
-"""
-
-#: True once all ``count`` cells show an execution count.
-LAST_CELL_RAN_JS = """
-(count) => {
-  const prompts = document.querySelectorAll(".jp-Notebook .jp-Cell .jp-InputPrompt");
-  return prompts.length === count && Array.from(prompts).every((p) => /\\[\\d+\\]/.test(p.textContent));
-}
-"""
 
 #: What BokehJS holds for the dashboard: the columns of its sources, found through the views in the page.
 BOKEH_DATA_JS = """
@@ -96,58 +75,10 @@ BOKEH_DATA_JS = """
 """
 
 
-@dataclass
-class Lab:
-    """A JupyterLab server for one test module."""
-
-    url: str
-    token: str
-    root: Path
-    log: Path
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _api(lab: Lab, path: str, method: str = "GET") -> Any:
-    request = urllib.request.Request(f"{lab.url}{path}", method=method, headers={"Authorization": f"token {lab.token}"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        body = response.read()
-    return json.loads(body) if body else None
-
-
-def _wait_answering(lab: Lab, process: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited ({process.returncode}):\n{lab.log.read_text()[-3000:]}")
-        try:
-            _api(lab, "/api/status")
-            return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.5)
-    raise RuntimeError(f"JupyterLab did not answer in {timeout:.0f} s:\n{lab.log.read_text()[-3000:]}")
-
-
-def _stop(lab: Lab, process: subprocess.Popen[bytes]) -> None:
-    """Shut the kernels down (their embedded clusters with them), then the server."""
-    if process.poll() is None:
-        try:
-            for kernel in _api(lab, "/api/kernels"):
-                _api(lab, f"/api/kernels/{kernel['id']}", method="DELETE")
-        except (OSError, ValueError):
-            pass
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    with lab_server(tmp_path_factory) as server:
+        yield server
 
 
 def _write_notebook(path: Path) -> None:
@@ -157,67 +88,6 @@ def _write_notebook(path: Path) -> None:
     nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    """JupyterLab on loopback with a random token; stopped at the end whatever happened."""
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (Debian's chromium package)")
-    pytest.importorskip("playwright.sync_api", reason="the playwright Python module is not installed")
-    base = tmp_path_factory.mktemp("lab")
-    root, runtime, workspaces, settings = (base / name for name in ("root", "runtime", "workspaces", "settings"))
-    for folder in (root, runtime, workspaces, settings):
-        folder.mkdir()
-    # No "news" prompt over the notebook, no update check.
-    notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    notification.parent.mkdir(parents=True)
-    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    token = secrets.token_hex(16)
-    port = _free_port()
-    # JUPYTER_DATA_DIR only moves the user's folder: the labextensions and the python3
-    # kernel under sys.prefix/share/jupyter are still found.
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_DATA_DIR": str(base / "data")}
-    command = [
-        sys.executable,
-        "-m",
-        "jupyter",
-        "lab",
-        "--no-browser",
-        "--allow-root",
-        "--ip",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        f"--ServerApp.token={token}",
-        f"--ServerApp.root_dir={root}",
-        f"--LabApp.workspaces_dir={workspaces}",
-        f"--LabApp.user_settings_dir={settings}",
-        "--LabApp.expose_app_in_browser=True",
-    ]
-    lab = Lab(url=f"http://127.0.0.1:{port}", token=token, root=root, log=base / "lab.log")
-    with open(lab.log, "wb") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-        )
-    try:
-        _wait_answering(lab, process, timeout=60)
-        yield lab
-    finally:
-        _stop(lab, process)
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        (ARTIFACTS / "lab.log").write_bytes(lab.log.read_bytes())
-
-
-def _execute(page: Any, command: str, timeout: float = 30.0) -> Any:
-    """Run a JupyterLab command in the page, with a timeout of our own (the promise has none)."""
-    return page.evaluate(
-        """([command, ms]) => Promise.race([
-          window.jupyterapp.commands.execute(command),
-          new Promise((_, reject) => setTimeout(() => reject(new Error(command + ": no answer in " + ms + " ms")), ms)),
-        ])""",
-        [command, int(timeout * 1000)],
-    )
 
 
 def _drawn(path: Path) -> dict[str, int]:
@@ -238,11 +108,6 @@ def _drawn(path: Path) -> dict[str, int]:
         "ram_green": near(RAM_GREEN),
         "cpu_blue": near(CPU_BLUE),
     }
-
-
-def _console_problems(console: list[str]) -> list[str]:
-    """Page errors, and what BokehJS says when a view patches rows it never got."""
-    return [line for line in console if line.startswith("[pageerror]") or "inconsistent lengths" in line]
 
 
 @pytest.mark.timeout(300)
@@ -272,7 +137,7 @@ def test_dashboard_and_progress_in_jupyterlab(lab: Lab) -> None:
             page.wait_for_function(KERNEL_IDLE_JS, arg=NOTEBOOK, timeout=60_000)
             started = time.monotonic()
             # Its promise settles once every cell has run: False when one failed (the rest are then skipped).
-            if _execute(page, "notebook:run-all-cells", timeout=180) is not True:
+            if execute(page, "notebook:run-all-cells", timeout=180) is not True:
                 errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
                 raise AssertionError("a cell failed:\n" + "\n".join(errors.all_inner_texts())[-3000:])
 
@@ -311,7 +176,7 @@ def test_dashboard_and_progress_in_jupyterlab(lab: Lab) -> None:
             assert drawn["colours"] >= 20, drawn
             assert drawn["ram_green"] >= 50, drawn  # the RAM bar: only the node plot draws in that green
             assert drawn["cpu_blue"] >= 50, drawn  # the CPU bar, line and legend entry
-            assert not _console_problems(console), report()
+            assert not console_problems(console), report()
         except (AssertionError, PlaywrightError) as exc:
             try:
                 page.screenshot(path=str(ARTIFACTS / "page-failed.png"), full_page=True)
@@ -367,7 +232,7 @@ def test_training_and_trial_widgets_in_jupyterlab(lab: Lab) -> None:
             page.goto(f"{lab.url}/lab/tree/{RUNS_NOTEBOOK}?reset&token={lab.token}", timeout=60_000)
             page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
             page.wait_for_function(KERNEL_IDLE_JS, arg=RUNS_NOTEBOOK, timeout=60_000)
-            if _execute(page, "notebook:run-all-cells", timeout=240) is not True:
+            if execute(page, "notebook:run-all-cells", timeout=240) is not True:
                 errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
                 raise AssertionError("a cell failed:\n" + "\n".join(errors.all_inner_texts())[-3000:])
             page.wait_for_function(LAST_CELL_RAN_JS, arg=len(RUNS_CELLS), timeout=10_000)
@@ -394,7 +259,7 @@ def test_training_and_trial_widgets_in_jupyterlab(lab: Lab) -> None:
                 print(f"\n{name}: {drawn}")
                 assert drawn["non_white"] > 0.02 * drawn["width"] * drawn["height"], drawn
                 assert drawn["cpu_blue"] >= 50, drawn  # the first line's colour (the palette starts with it)
-            assert not _console_problems(console), "\n".join(console[-40:])
+            assert not console_problems(console), "\n".join(console[-40:])
         except (AssertionError, PlaywrightError, ValueError) as exc:
             try:
                 page.screenshot(path=str(ARTIFACTS / "runs-failed.png"), full_page=True)

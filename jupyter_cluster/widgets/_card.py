@@ -76,8 +76,16 @@ def _list(items: list[str]) -> str:
     return f"<ul>{''.join(items)}</ul>" if items else ""
 
 
-def status_html(status: ClusterStatus) -> str:
-    """The card as HTML."""
+#: Opens the live dashboard in a JupyterLab tab: the sidebar extension shows the button
+#: (it is ``hidden`` elsewhere, where nothing would answer it) and handles its clicks.
+DASHBOARD_BUTTON = (
+    '<button data-jupyter-cluster-dashboard hidden class="jc-dashboard-button" '
+    'title="Open the live dashboard in a JupyterLab tab">Open dashboard</button>'
+)
+
+
+def status_html(status: ClusterStatus, button: bool = False) -> str:
+    """The card as HTML; ``button``: with the "Open dashboard" button (a cluster's repr)."""
     data = status.data
     rows = [f"<tr><th>link</th><td>{_link(status)}</td></tr>"]
     versions = []
@@ -121,8 +129,8 @@ def status_html(status: ClusterStatus) -> str:
         f"<div>running cells: {len(cells)}{_list(cell_items)}</div>"
         f"<div>actors: {len(actor_items)}{_list(actor_items)}</div>"
     )
-    title = f"{head}: {len(data['nodes'])} node(s)"
+    title = f"{head}: {len(data['nodes'])} node(s)" + (f" {DASHBOARD_BUTTON}" if button else "")
     return f'{_STYLE}<div class="jc-card jc-status">{title}<table>{"".join(rows)}</table>{nodes}{lists}</div>'
 
 
-__all__ = ["status_html"]
+__all__ = ["DASHBOARD_BUTTON", "status_html"]
