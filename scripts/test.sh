@@ -11,12 +11,14 @@
 #      apt-get install -y --no-install-recommends, non-interactive); not as root, the script names
 #      the missing packages and how to install them, and exits 1.
 #   2. PyTorch (torch==2.13.0, the CPU build) unless torch is importable, then the project,
-#      editable, with its dev extras: pip install -e ".[dev]".
+#      editable, with its dev extras: pip install -e ".[dev]", which builds the JupyterLab
+#      sidebar (labextension/: jlpm install and build, so Node 18 or later must be on PATH).
 #   3. The `python3` Jupyter kernel, into this environment: python -m ipykernel install --sys-prefix.
-#   4. The tests: with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the whole suite
-#      as two pytest processes side by side (the examples, the Train and Tune runs and the
-#      link-loss tests, which mostly wait out long outages, beside the rest). Exits with pytest's status (the first that failed); exit code 5
-#      (no tests collected) is reported as a failure.
+#   4. The tests: with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
+#      unit tests (jest, in labextension/), then the whole suite as two pytest processes side by
+#      side (the examples and the link-loss tests, which mostly wait out long outages, beside the
+#      rest). Exits with the status of the first that failed; pytest's exit code 5 (no tests
+#      collected) is reported as a failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -58,6 +60,11 @@ fi
 
 # ---------------------------------------------------------------- the project and its kernel
 
+if ! command -v node >/dev/null 2>&1; then
+    echo "scripts/test.sh: the JupyterLab sidebar is built with Node (18 or later), and there is no node on PATH" >&2
+    exit 1
+fi
+
 PYTHON="${PYTHON:-$(command -v python || command -v python3 || true)}"
 if [ -z "$PYTHON" ]; then
     echo "scripts/test.sh: no python or python3 on PATH" >&2
@@ -79,9 +86,9 @@ echo "::: the python3 kernel, into $("$PYTHON" -c 'import sys; print(sys.prefix)
 
 # ---------------------------------------------------------------- tests
 
-# With no arguments, the whole suite runs as two pytest processes side by side, of about the
-# same length on two cores: the example notebooks, the Train and Tune runs and the link-loss
-# tests (which mostly wait out outages of 45 s or more) in one, all the others in the other.
+# With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
+# processes side by side, of about the same length on two cores: the example notebooks and the
+# link-loss tests (which mostly wait out outages of 45 s or more) in one, all the others in the other.
 # The first keeps its Ray sessions in a folder of its own (RAY_TMPDIR), so that no test reading
 # /tmp/ray/session_latest meets its clusters, and its one Ray head has a --temp-dir that
 # --start-head never looks in. With arguments, one pytest runs them as given.
@@ -99,17 +106,21 @@ if [ "$#" -gt 0 ]; then
     exit "$rc"
 fi
 
-SIDE=(tests/test_examples.py tests/test_runs.py tests/test_link_loss.py)
+echo "::: the sidebar's unit tests: jlpm test (labextension/)"
+# jlpm (JupyterLab's yarn) comes with the dev extras, in the environment of $PYTHON.
+(cd labextension && "$PYTHON" -c 'import sys; from jupyter_builder.jlpm import main; sys.argv[0] = "jlpm"; sys.exit(main())' test)
+
+SIDE=(tests/test_examples.py tests/test_link_loss.py)
 ignore=()
 for path in "${SIDE[@]}"; do ignore+=("--ignore=$path"); done
 log="$(mktemp)"
 tmpdir="$(mktemp -d /tmp/jcl.XXXX)"
 echo "::: python -m pytest -x -q ${SIDE[*]} (beside the rest; its output follows theirs)"
-RAY_TMPDIR="$tmpdir" "$PYTHON" -m pytest -x -q -p no:cacheprovider "${SIDE[@]}" >"$log" 2>&1 &
+RAY_TMPDIR="$tmpdir" "$PYTHON" -m pytest -x -q --durations=10 -p no:cacheprovider "${SIDE[@]}" >"$log" 2>&1 &
 side=$!
 echo "::: python -m pytest -x -q ${ignore[*]}"
 rc=0
-"$PYTHON" -m pytest -x -q "${ignore[@]}" || rc=$?
+"$PYTHON" -m pytest -x -q --durations=15 "${ignore[@]}" || rc=$?
 rc_side=0
 wait "$side" || rc_side=$?
 echo "::: ${SIDE[*]}"
