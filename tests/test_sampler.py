@@ -113,6 +113,25 @@ def test_a_failing_endpoint_keeps_its_values_marked_stale(node: tuple[type[_Node
     asyncio.run(scenario())
 
 
+def test_a_node_yet_to_report_its_resources_has_the_gcs_capacity(node: tuple[type[_Node], int]) -> None:
+    """A raylet exports ``ray_resources`` only some seconds after it starts; until then the
+    store's capacity comes from the node table, not a 0 that draws an empty bar."""
+    handler, port = node
+    handler.body = b"\n".join(line for line in IDLE.split(b"\n") if not line.startswith(b"ray_resources"))
+    listing = _listing(port, ["a"])
+    listing[0]["Resources"] = {"object_store_memory": 2.5e8, "CPU": 2.0}
+
+    async def scenario() -> None:
+        sampler = MetricsSampler(asyncio.get_running_loop(), list_nodes=lambda: listing)
+        assert (await sampler.sample())["a"]["store_total"] == 2.5e8
+        handler.body = IDLE  # once reported, the metrics' own figure is used
+        reported = (await sampler.sample())["a"]["store_total"]
+        assert reported > 0 and reported != 2.5e8
+        sampler.close()
+
+    asyncio.run(scenario())
+
+
 def test_rays_token_is_sent_where_one_is_at_hand(node: tuple[type[_Node], int], monkeypatch: Any) -> None:
     handler, port = node
     handler.token = "t0ken"

@@ -45,6 +45,9 @@ class Endpoint:
     address: str
     port: int
     head: bool = False
+    #: The node's object store capacity as the GCS knows it: a raylet reports its
+    #: ``ray_resources`` metrics only after a while, so a first scrape may lack them.
+    store_total: float = 0.0
 
     @property
     def url(self) -> str:
@@ -200,8 +203,10 @@ class MetricsSampler:
             for node in listed:
                 port = node.get("MetricsExportPort")
                 if node.get("Alive") and port:
-                    head = "node:__internal_head__" in node.get("Resources", {})
-                    found[node["NodeID"]] = Endpoint(node["NodeID"], node["NodeManagerAddress"], int(port), head)
+                    resources = node.get("Resources", {})
+                    head = "node:__internal_head__" in resources
+                    store = float(resources.get("object_store_memory", 0.0))
+                    found[node["NodeID"]] = Endpoint(node["NodeID"], node["NodeManagerAddress"], int(port), head, store)
             self._endpoints = found
         return {**self._endpoints, **self._extra}
 
@@ -222,6 +227,8 @@ class MetricsSampler:
                 sample = dict(self.nodes.get(node_id) or {"store": {}, "gpus": {}, "tasks": {}, "actors": {}})
                 sample["stale"] = _why(exc)
             sample.update(address=endpoint.address, head=endpoint.head)
+            if not sample.get("store_total"):
+                sample["store_total"] = endpoint.store_total
             nodes[node_id] = sample
         self.nodes = nodes
         for node_id in set(self._parsed) - set(nodes):
