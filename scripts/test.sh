@@ -16,8 +16,8 @@
 #   3. The `python3` Jupyter kernel, into this environment: python -m ipykernel install --sys-prefix.
 #   4. The tests: with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
 #      unit tests (jest, in labextension/), then the whole suite as two pytest processes side by
-#      side (the examples and the link-loss tests, which mostly wait out long outages, beside the
-#      rest). Exits with the status of the first that failed; pytest's exit code 5 (no tests
+#      side (the examples, the link-loss tests, which mostly wait out long outages, and the
+#      Train/Tune runs beside the rest). Exits with the status of the first that failed; pytest's exit code 5 (no tests
 #      collected) is reported as a failure.
 set -euo pipefail
 
@@ -87,8 +87,9 @@ echo "::: the python3 kernel, into $("$PYTHON" -c 'import sys; print(sys.prefix)
 # ---------------------------------------------------------------- tests
 
 # With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
-# processes side by side, of about the same length on two cores: the example notebooks and the
-# link-loss tests (which mostly wait out outages of 45 s or more) in one, all the others in the other.
+# processes side by side, of about the same length on two cores: the example notebooks, the
+# link-loss tests (which mostly wait out outages of 45 s or more) and the Train/Tune runs in one,
+# all the others in the other.
 # The first keeps its Ray sessions in a folder of its own (RAY_TMPDIR), so that no test reading
 # /tmp/ray/session_latest meets its clusters, and its one Ray head has a --temp-dir that
 # --start-head never looks in. With arguments, one pytest runs them as given.
@@ -110,7 +111,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 # jlpm (JupyterLab's yarn) comes with the dev extras, in the environment of $PYTHON.
 (cd labextension && "$PYTHON" -c 'import sys; from jupyter_builder.jlpm import main; sys.argv[0] = "jlpm"; sys.exit(main())' test)
 
-SIDE=(tests/test_examples.py tests/test_link_loss.py)
+SIDE=(tests/test_examples.py tests/test_link_loss.py tests/test_runs.py)
 ignore=()
 for path in "${SIDE[@]}"; do ignore+=("--ignore=$path"); done
 log="$(mktemp)"
