@@ -122,6 +122,17 @@ def dashboard(window: float = 300.0) -> Any:
     return Dashboard(_attached(), window=window)
 
 
+def forward(port: int, local: int | None = None) -> str:
+    """Reach ``port`` on the head's loopback (Ray Serve, TensorBoard) from this machine:
+    an SSH port forward, or the port itself on the embedded cluster; returns the URL
+    here (see :meth:`Cluster.forward`).
+
+    >>> jc.forward(8000)                      # doctest: +SKIP
+    'http://127.0.0.1:8000'
+    """
+    return _attached().forward(port, local)
+
+
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext jupyter_cluster``: register the magics, and the JupyterLab sidebar's comm."""
     from ._magics import ClusterMagics
@@ -161,6 +172,7 @@ __all__ = [
     "connect",
     "current",
     "dashboard",
+    "forward",
     "get",
     "grid_search",
     "load_ipython_extension",

@@ -29,6 +29,7 @@ from ._errors import (
     WaitTimeoutError,
     remote_error,
 )
+from ._forward import PortForward, check_port, open_forward, ssh_opener
 from ._handles import ObjectHandle, parse_size
 from ._inputs import InputLedger, pickle_value
 from ._link import AgentLink, UnixTransport
@@ -95,6 +96,8 @@ class Cluster:
         self.stoppers: list[Callable[[], None]] = []
         #: The Ray dashboard, forwarded to this machine (SSH clusters).
         self.dashboard_url: str | None = None
+        #: Ports of the head reachable here (:meth:`forward`), open ones only.
+        self.forwards: list[PortForward] = []
         #: What the head's probe found (SSH clusters): Python, Ray, this package's version.
         self.head: dict[str, Any] = {}
         #: Where the agent's modules were shipped on the head, if they were.
@@ -516,6 +519,28 @@ class Cluster:
         if not killed:
             raise RequestError(f"this cluster has no actor named {name!r} (`%cluster status` lists them)")
 
+    def reset_driver(self) -> dict[str, Any]:
+        """Stop what the notebook's cells started on the cluster, and start the driver afresh.
+
+        ``--driver`` cells can start actors (detached ones outlive the agent), Serve
+        applications and placement groups; ``%cluster status`` lists them under "started
+        by cells". This shuts Serve down, kills the named actors the cells' job made
+        (detached ones too), removes its placement groups and empties the ``--driver``
+        namespace (unnamed actors go with the last handle to them). ``--actor``
+        namespaces are kept (``kill_actor`` stops those). Refused while cells run.
+
+        Returns what was stopped: ``{"serve": [apps], "actors": [names],
+        "placement_groups": n, "unnamed": n, "errors": [...]}``.
+
+        >>> jc.current().reset_driver()   # doctest: +SKIP
+        {'serve': ['default'], 'actors': ['counter'], 'placement_groups': 1, 'unnamed': 0, 'errors': []}
+        """
+        answer = self._call("reset_driver", timeout=120)
+        tell("actors", self)
+        if "refused" in answer:
+            raise RequestError(f"reset_driver: {answer['refused']}")
+        return dict(answer)
+
     def _release(self, handle_id: str) -> None:
         with self._release_lock:
             first = not self._to_release
@@ -534,15 +559,89 @@ class Cluster:
             self._link.request("release", {"handles": ids})
 
     # --------------------------------------------------------------- cluster
+    # ----------------------------------------------------------------- ports
+    def forward(self, port: int, local: int | None = None) -> str:
+        """Make ``port`` on the head's loopback reachable from this machine; return its URL here.
+
+        Over SSH this is a local port forward through the cluster's own connection (it
+        outlives a reconnect); ``local`` picks the port here (by default the head's port
+        number when it is free here, else any free one). The embedded cluster runs on
+        this machine: its port is returned as it is, unless ``local`` asks for another.
+        Forwarding a port twice returns the forward already open. ``%cluster status``
+        lists the forwards; ``disconnect()`` and ``down()`` close them.
+
+        Raises ValueError for a port that is not a TCP port number, or a ``local`` port
+        already in use here (the message names a free one).
+
+        >>> jc.current().forward(8000)          # doctest: +SKIP
+        'http://127.0.0.1:8000'
+        """
+        forward = self._open_forward(port, local)
+        if forward.note:
+            log.warning("forward %s: %s yet; it reaches it once something listens there", forward.url, forward.note)
+        return forward.url
+
+    def _open_forward(self, port: int, local: int | None) -> PortForward:
+        """The forward of ``port`` (opened now, or the one already open); its ``note`` says
+        why nothing answers there, if nothing did when it was opened."""
+        port = check_port(port)
+        wanted = None if local is None else check_port(local, "the local port")
+        for forward in self.forwards:
+            if forward.remote_port == port and wanted in (None, forward.local_port):
+                return forward
+        if self._link.closed:
+            raise ClusterConnectionError(f"{self!r} is detached: attach again to forward a port")
+        embedded = self._agent is not None
+        where = "embedded cluster (this machine)" if embedded else f"head {self._link.target}"
+        opener = None if embedded else ssh_opener(self._link.transport)
+        forward = open_forward(port, wanted, where, opener)
+        self.forwards.append(forward)
+        forward.note = forward.probe()
+        tell("forwards", self)
+        return forward
+        if self._link.closed:
+            raise ClusterConnectionError(f"{self!r} is detached: attach again to forward a port")
+        embedded = self._agent is not None
+        where = "embedded cluster (this machine)" if embedded else f"head {self._link.target}"
+        opener = None if embedded else ssh_opener(self._link.transport)
+        forward = open_forward(port, wanted, where, opener)
+        self.forwards.append(forward)
+        why = forward.probe()
+        if why:
+            log.warning("forward %s: %s yet; it will reach it once something does", forward.url, why)
+        tell("forwards", self)
+        return forward.url
+
+    def close_forward(self, port: int) -> bool:
+        """Close the forwards of the head's ``port``; whether there were any."""
+        port = check_port(port)
+        closing = [f for f in self.forwards if f.remote_port == port]
+        self._close_forwards(closing)
+        return bool(closing)
+
+    def _close_forwards(self, closing: Iterable[PortForward] | None = None) -> None:
+        closing = list(self.forwards if closing is None else closing)
+        for forward in closing:
+            try:
+                forward.close()
+            except Exception:  # its loop is gone: nothing listens any more
+                log.debug("closing %r", forward, exc_info=True)
+            if forward in self.forwards:
+                self.forwards.remove(forward)
+        if closing:
+            tell("forwards", self)
+
     def status(self) -> ClusterStatus:
-        """The link, nodes, resources, running cells and actors.
+        """The link, nodes, resources, running cells and actors, port forwards, and what
+        driver cells started (actors, Serve applications, placement groups).
 
         While the link is down this answers at once, with the link's state only.
         """
         link = self.link
+        forwards = [f.describe() for f in self.forwards]
         if link["state"] != "connected":
-            return ClusterStatus(None, self.kind, self.dashboard_url, link, self.python)
-        return ClusterStatus(self._link.call("status"), self.kind, self.dashboard_url, link, self.python)
+            return ClusterStatus(None, self.kind, self.dashboard_url, link, self.python, forwards)
+        return ClusterStatus(self._link.call("status"), self.kind, self.dashboard_url, link, self.python, forwards)
 
     def cancel_all(self) -> None:
         for cell in list(self.cells.values()):
@@ -550,7 +649,8 @@ class Cluster:
 
     def disconnect(self) -> None:
         """Detach: the agent and the work in flight go on; ``jc.connect`` with the same
-        session resumes them (also from another kernel)."""
+        session resumes them (also from another kernel). Port forwards are closed."""
+        self._close_forwards()
         self._link.close()
         _detached[self._link.session] = self
         _forget(self)
@@ -558,8 +658,10 @@ class Cluster:
     def down(self) -> None:
         """Stop what this cluster started: its agent, and the Ray it brought up (if any).
 
-        Cells still running fail at once, and so does any wait on their handles.
+        Cells still running fail at once, and so does any wait on their handles. Port
+        forwards are closed.
         """
+        self._close_forwards()
         for cell in list(self.cells.values()):
             cell._fail(AgentLostError(f"it was shut down (`%cluster down`) while {cell.label} ran"))
         if not self._link.closed:

@@ -183,6 +183,10 @@ def _cluster_parser() -> argparse.ArgumentParser:
     dash = commands.add_parser("dashboard", help="a live dashboard of the cluster")
     dash.add_argument("--window", type=float, default=300.0, help="seconds of history in the time series")
     commands.add_parser("down", help="stop what `local` or `up` started")
+    forward = commands.add_parser("forward", help="reach a port of the head from here (Serve, TensorBoard)")
+    forward.add_argument("port", help="the port on the head's loopback")
+    forward.add_argument("--local", help="the port on this machine (default: the same number if free, else any)")
+    forward.add_argument("--close", action="store_true", help="close the forwards of PORT")
     return parser
 
 
@@ -234,9 +238,25 @@ class ClusterMagics(Magics):
                 message = f"Stopped the agent{started}; detached."
             stopping.down()
             print(message)
+        elif args.command == "forward":
+            self._forward(args)
         else:
-            commands = "local, connect, up, disconnect, status, dashboard or down"
+            commands = "local, connect, up, disconnect, status, dashboard, forward or down"
             raise UsageError(f"%cluster needs a command: {commands}\n{_cluster_parser().format_usage()}")
+
+    def _forward(self, args: argparse.Namespace) -> None:
+        attached = self._attached()
+        try:
+            if args.close:
+                closed = attached.close_forward(args.port)
+                print(f"Closed the forward of port {args.port}." if closed else f"No port {args.port} is forwarded.")
+                return
+            forward = attached._open_forward(args.port, args.local)
+        except ValueError as exc:
+            raise UsageError(f"%cluster forward: {exc}") from None
+        print(f"{forward.url} -> port {forward.remote_port} of the {forward.where}")
+        if forward.note:
+            print(f"Note: {forward.note} yet; the forward reaches it once something listens there.", file=sys.stderr)
 
     def _connect(self, args: argparse.Namespace) -> None:
         from ._connect import connect, up

@@ -246,6 +246,8 @@ class Sidebar:
                     self._watch_nodes()
             elif kind == "actors":
                 self._ask_actors()
+            elif kind == "forwards":
+                self._mark("forwards")
 
     def _of_current(self, data: Any) -> bool:
         cluster = getattr(data, "cluster", data)
@@ -550,11 +552,17 @@ def _number(value: Any) -> bool:
 
 
 def forwards(cluster: Cluster | None) -> list[dict[str, str]]:
-    if cluster is None or not cluster.dashboard_url:
+    """The Ray dashboard's forward and those of ``Cluster.forward``: name, URL here, what it reaches."""
+    if cluster is None:
         return []
     from ._connect import DASHBOARD_PORT
 
-    return [{"name": "Ray dashboard", "local": cluster.dashboard_url, "remote": f"head:{DASHBOARD_PORT}"}]
+    found = []
+    if cluster.dashboard_url:
+        found.append({"name": "Ray dashboard", "local": cluster.dashboard_url, "remote": f"head:{DASHBOARD_PORT}"})
+    for forward in cluster.forwards:
+        found.append({"name": f"port {forward.remote_port}", "local": forward.url, "remote": forward.describe()})
+    return found
 
 
 def _text(data: dict[str, Any], key: str, what: str) -> str:

@@ -9,6 +9,16 @@ from typing import Any
 from ._handles import format_size
 
 
+def started_actor(actor: dict[str, Any]) -> str:
+    """One actor a cell started, in words.
+
+    >>> started_actor({"name": "counter", "class": "Counter", "detached": True, "state": "ALIVE"})
+    'counter (Counter, detached, ALIVE)'
+    """
+    detail = ", ".join([actor["class"]] + (["detached"] if actor.get("detached") else []) + [actor["state"]])
+    return f"{actor.get('name') or '(unnamed)'} ({detail})"
+
+
 @dataclass
 class ClusterStatus:
     """A snapshot of the cluster, as ``%cluster status`` shows it."""
@@ -19,6 +29,8 @@ class ClusterStatus:
     link: dict[str, Any] = field(default_factory=dict)
     #: The cluster's Python version (the agent's).
     python: str = ""
+    #: Open port forwards, a line each.
+    forwards: list[str] = field(default_factory=list)
 
     def _link_line(self) -> str:
         link = self.link
@@ -38,7 +50,12 @@ class ClusterStatus:
         data = self.data
         if data is None:
             return "\n".join(
-                [f"{self.kind} cluster", self._link_line(), "  (nodes, cells and actors show once the link is back)"]
+                [
+                    f"{self.kind} cluster",
+                    self._link_line(),
+                    "  (nodes, cells and actors show once the link is back)",
+                    *self._forward_lines(),
+                ]
             )
         lines = [f"{self.kind} Ray {data['ray']} cluster, {len(data['nodes'])} node(s)"]
         if self.link:
@@ -73,7 +90,30 @@ class ClusterStatus:
             else:
                 detail = actor.get("error") or f"on {actor.get('node')}, names: {names}"
             lines.append(f"    {name}: {detail}")
+        lines += self._started_lines(data.get("started"))
+        lines += self._forward_lines()
         return "\n".join(lines)
+
+    @staticmethod
+    def _started_lines(started: dict[str, Any] | None) -> list[str]:
+        """What driver cells started: Serve applications, actors, placement groups."""
+        if not started or not any(started.values()):
+            return []
+        lines = ["  started by cells (jc.current().reset_driver() stops them):"]
+        for name, app in started["serve"].items():
+            message = f": {app['message']}" if app.get("message") else ""
+            lines.append(f"    Serve application {name}: {app['status']}{message}")
+        for actor in started["actors"]:
+            lines.append(f"    actor {started_actor(actor)}")
+        groups = started["placement_groups"]
+        if groups:
+            lines.append(f"    placement groups: {len(groups)} ({', '.join(g['state'] for g in groups)})")
+        return lines
+
+    def _forward_lines(self) -> list[str]:
+        if not self.forwards:
+            return []
+        return [f"  port forwards: {len(self.forwards)}", *(f"    {line}" for line in self.forwards)]
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))

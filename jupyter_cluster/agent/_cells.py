@@ -595,6 +595,25 @@ class CellRunner:
         return handle_id
 
     # ---------------------------------------------------------------- status
+    async def _started_by_cells(self) -> dict[str, Any] | None:
+        from ._owned import started
+
+        try:
+            return await asyncio.wait_for(self.loop.run_in_executor(None, started), 10)
+        except Exception:
+            log.warning("could not list what the cells started", exc_info=True)
+            return None
+
+    async def reset_driver(self) -> dict[str, Any]:
+        """Stop what the notebook's cells started (Serve, actors, placement groups) and
+        empty the driver's namespace; refused while cells run."""
+        from ._owned import stop_started
+
+        if self.running:
+            labels = ", ".join(c.spec.label or c.cell_id for c in self.running.values())
+            return {"refused": f"cells are still running ({labels}): wait for them or cancel them, then reset"}
+        return await self.loop.run_in_executor(None, stop_started, self.driver_ns)
+
     async def status(self) -> dict[str, Any]:
         nodes = self.cluster.nodes(max_age=0)
         available = await self.loop.run_in_executor(None, ray.available_resources)
@@ -634,6 +653,7 @@ class CellRunner:
                 for c in self.running.values()
             ],
             "actors": actors,
+            "started": await self._started_by_cells(),
             "objects": len(self.table),
             "ray": ray.__version__,
         }

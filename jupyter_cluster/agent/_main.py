@@ -155,6 +155,9 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
     async def kill_actor(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", runner.kill_actor(body["name"]), final=True)
 
+    async def reset_driver(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.reset_driver(), final=True)
+
     async def put(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", await table.put(body["value"]), final=True)
 
@@ -220,6 +223,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         "ping": ping,
         "put": put,
         "release": release,
+        "reset_driver": reset_driver,
         "run_cell": run_cell,
         "shutdown": shutdown,
         "status": status,

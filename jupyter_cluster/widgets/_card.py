@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._handles import format_size
+from .._status import started_actor
 
 if TYPE_CHECKING:
     from .._status import ClusterStatus
@@ -129,6 +130,22 @@ def status_html(status: ClusterStatus, button: bool = False) -> str:
         f"<div>running cells: {len(cells)}{_list(cell_items)}</div>"
         f"<div>actors: {len(actor_items)}{_list(actor_items)}</div>"
     )
+    started = data.get("started") or {}
+    started_items = [
+        f"<li>Serve application <code>{_e(name)}</code> {_e(app['status'])}</li>"
+        for name, app in started.get("serve", {}).items()
+    ]
+    started_items += [f"<li>actor {_e(started_actor(a))}</li>" for a in started.get("actors", [])]
+    if started.get("placement_groups"):
+        started_items.append(f"<li>placement groups: {len(started['placement_groups'])}</li>")
+    if started_items:
+        lists += (
+            f'<div>started by cells: {len(started_items)} <span class="jc-muted">'
+            f"(<code>jc.current().reset_driver()</code> stops them)</span>{_list(started_items)}</div>"
+        )
+    if status.forwards:
+        forward_items = [f"<li>{_e(line)}</li>" for line in status.forwards]
+        lists += f"<div>port forwards: {len(forward_items)}{_list(forward_items)}</div>"
     title = f"{head}: {len(data['nodes'])} node(s)" + (f" {DASHBOARD_BUTTON}" if button else "")
     return f'{_STYLE}<div class="jc-card jc-status">{title}<table>{"".join(rows)}</table>{nodes}{lists}</div>'
 
