@@ -286,3 +286,12 @@ def test_the_kernel_never_imports_ray(shell: Any) -> None:
         assert "ray" not in sys.modules
     finally:
         sys.modules.update(saved)
+
+
+def test_annotations_in_a_cell_are_objects_as_in_the_notebook(cluster: jc.Cluster) -> None:
+    """A cell's code is compiled as the notebook compiles it: no postponed annotations
+    inherited from the agent's own modules (FastAPI's ``request: Request`` in a Serve
+    deployment, pydantic models and dataclasses need the objects)."""
+    source = "def f(x: int) -> int:\n    return x\nkind = f.__annotations__['x'].__name__"
+    for mode in ("task", "driver"):
+        assert cluster.run_cell(source, mode=mode).result(60).outputs["kind"] == "int"

@@ -341,8 +341,11 @@ def _compile(source: str, display_last: bool) -> tuple[types.CodeType, types.Cod
     last: types.CodeType | None = None
     if display_last and tree.body and isinstance(tree.body[-1], ast.Expr):
         expr = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
-        last = compile(expr, filename, "eval")
-    return compile(tree, filename, "exec"), last
+        last = compile(expr, filename, "eval", dont_inherit=True)
+    # dont_inherit: a cell's code gets this module's `from __future__ import annotations`
+    # otherwise, and its annotations turn into strings (FastAPI, pydantic and dataclasses
+    # then cannot resolve them on the workers).
+    return compile(tree, filename, "exec", dont_inherit=True), last
 
 
 def fresh_namespace() -> dict[str, Any]:

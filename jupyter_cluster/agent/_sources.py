@@ -59,7 +59,7 @@ class ShippedSourceFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         filename, _, source = self.files[module.__name__]
         if filename:
             module.__file__ = filename
-        exec(compile(source, filename or f"<{module.__name__}>", "exec"), module.__dict__)
+        exec(compile(source, filename or f"<{module.__name__}>", "exec", dont_inherit=True), module.__dict__)
 
     def get_source(self, fullname: str) -> str:
         return self.files[fullname][2]
