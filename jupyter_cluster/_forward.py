@@ -56,15 +56,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 class PortForward:
     """``local_port`` on this machine's loopback, carried to ``remote_port`` on the head.
 
@@ -208,15 +199,16 @@ def _why(exc: BaseException, where: str, port: int) -> str:
 def open_forward(remote_port: int, local_port: int | None, where: str, opener: Opener | None) -> PortForward:
     """Start a forward. ``opener`` None: the port is on this machine already.
 
-    ``local_port`` None: the head's port number when it is free here, else any free port.
-    A ``local_port`` in use here is a ValueError naming a free one.
+    ``local_port`` None: a free port, picked by the system. (Not the head's port number
+    when free here: on a head that is this machine, that port would lead back into the
+    forward itself.) A ``local_port`` in use here is a ValueError naming a free one.
     """
     if opener is None and local_port in (None, remote_port):
         return PortForward(remote_port, remote_port, where, None)
     if opener is None:  # another local port for a port of this machine: a plain relay
         opener = _local_opener
     if local_port is None:
-        local_port = remote_port if _port_free(remote_port) else 0
+        local_port = 0
     forward = PortForward(remote_port, local_port, where, opener)
     try:
         _LoopThread.get().run(forward._listen()).result(30)

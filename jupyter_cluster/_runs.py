@@ -503,11 +503,18 @@ def train_torch(
     }
     namespace: dict[str, Any] = {"_jc_train_func": train_func, "_jc_spec": spec}
     if datasets:
-        namespace["_jc_datasets"] = dict(datasets)
+        # Each dataset travels as a variable of its own: a handle (a dataset made by a
+        # driver cell stays on the cluster) cannot travel inside a dict.
+        entries = []
+        for i, (key, dataset) in enumerate(datasets.items()):
+            if not isinstance(key, str):
+                raise InputError(f'datasets must map names (str) to Ray datasets, e.g. {{"train": ds}}; got {key!r}')
+            namespace[f"_jc_dataset_{i}"] = dataset
+            entries.append(f"{key!r}: _jc_dataset_{i}")
         source = (
             TRAIN_SOURCE.replace("run_train(", "run_train_with(")
             .replace("import run_train", "import run_train_with")
-            .replace("_jc_spec)", "_jc_spec, _jc_datasets)")
+            .replace("_jc_spec)", f"_jc_spec, {{{', '.join(entries)}}})")
         )
     else:
         source = TRAIN_SOURCE

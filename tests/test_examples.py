@@ -49,6 +49,10 @@ EXPECTED: dict[str, list[str]] = {
         "test accuracy of the fetched checkpoint:",
         "<TrainingView jc.train_torch(creators): done>",
         "creator-style final val accuracy:",
+        "<remote Dataset",  # a handle, not a copy
+        "<TrainingView jc.train_torch(train_from_dataset): done>",
+        "rows per worker in an epoch:",
+        "Ray Data training accuracy:",
         "Stopped the embedded cluster.",
     ],
     "04-tune-asha.ipynb": [
@@ -62,6 +66,21 @@ EXPECTED: dict[str, list[str]] = {
         "<TrialsView jc.tune(train_pbt): done>",
         "<TuneResult 4 trials in",
         "the best checkpoint, evaluated here:",
+        "Stopped the embedded cluster.",
+    ],
+    "07-serve.ipynb": [
+        "deployed: ApplicationStatus.RUNNING",
+        "Serve is at http://127.0.0.1:8000",
+        "agree with the notebook's model",
+        "Serve application digits: RUNNING",  # %cluster status lists what the driver started
+        "port forwards: 1",
+        "left behind: [] {}",
+        "Stopped the embedded cluster.",
+    ],
+    "08-rllib-ppo.ipynb": [
+        "iteration | episode return | episodes | seconds",  # the live table's head, then a row per iteration
+        "        8 |",
+        "at the first iteration,",
         "Stopped the embedded cluster.",
     ],
     "06-ddp-port.ipynb": [

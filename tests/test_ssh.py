@@ -81,6 +81,54 @@ def test_dashboard_is_reached_through_a_port_forward(remote: jc.Cluster) -> None
     assert 200 <= status < 500
 
 
+def test_a_port_of_the_head_is_forwarded_and_outlives_a_dropped_connection(
+    remote: jc.Cluster, sshd_server: SSHServer
+) -> None:
+    """``forward`` through the session's SSH connection: a head port this machine can use
+    (on a free port here, by default); a
+    local port in use is refused naming a free one; a refused port closes the client at
+    once; the forward goes on through the new connection after SSH drops; disconnect closes it."""
+    from .test_forward import SERVER, _get
+
+    port = free_port()
+    remote.run_cell(SERVER.replace("PORT", str(port)) + "del httpd", mode="driver").result(60)
+    url = remote.forward(port)
+    (forward,) = remote.forwards
+    assert forward.relays and forward.local_port != port and forward.note is None
+    assert url == f"http://127.0.0.1:{forward.local_port}" and _get(url) == f"hello from {port}"
+    assert f"{url} -> head {remote._link.target}:{port}" in str(remote.status())
+    with pytest.raises(ValueError, match=rf"local port {port} is already in use on this machine; port \d+ is free"):
+        remote.forward(port, local=port)
+
+    nothing = free_port()
+    refused = remote.forward(nothing)
+    started = time.monotonic()
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        _get(refused)
+    assert time.monotonic() - started < 10
+    assert remote.forwards[1].last_error == f"nothing listens on port {nothing} of the head {remote._link.target} " + (
+        "(connection refused)"
+    )
+    assert remote.close_forward(nothing)
+
+    remote._link.transport.conn.abort()  # type: ignore[attr-defined]  # the SSH connection drops
+    assert _get(url) == f"hello from {port}"  # carried by the connection opened again
+    deadline = time.monotonic() + 60
+    while remote.link["state"] != "connected" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert remote.run_cell("z = 3").result(60).outputs["z"] == 3
+    assert _get(url) == f"hello from {port}"
+    session = remote.session
+    remote.disconnect()
+    try:
+        assert not remote.forwards
+        with pytest.raises(urllib.error.URLError):
+            _get(url)
+    finally:
+        again = jc.connect(_target(sshd_server), session=session, **_options(sshd_server))
+    assert again is remote
+
+
 def test_node_metrics_on_a_head_with_token_authentication(remote: jc.Cluster) -> None:
     """The head runs Ray with token authentication (as --start-head starts it); its nodes'
     metrics endpoints still serve the dashboard, through the session."""
