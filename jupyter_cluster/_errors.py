@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import importlib
 import linecache
+import re
 from typing import Any
 
 from .agent._execute import RemoteFailure, cell_filename
@@ -160,6 +161,41 @@ def _original_class(failure: RemoteFailure) -> type[BaseException] | None:
     return cls if isinstance(cls, type) and issubclass(cls, Exception) else None
 
 
+#: Packages whose import name differs from what pip installs.
+_PIP_NAMES = {
+    "sklearn": "scikit-learn",
+    "yaml": "pyyaml",
+    "cv2": "opencv-python",
+    "PIL": "pillow",
+    "gymnasium": "gymnasium (RLlib: pip install 'ray[rllib]')",
+    "ale_py": "ale-py (Atari environments: pip install 'gymnasium[atari]')",
+}
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+_GYM_NOT_FOUND = ("NamespaceNotFound", "NameNotFound", "DependencyNotInstalled")
+
+
+def missing_package(failure: RemoteFailure, where: str) -> str:
+    """A note for an error that says a package is missing on the cluster, else "".
+
+    >>> f = RemoteFailure("ModuleNotFoundError", "builtins", "No module named 'sklearn.svm'", [], None)
+    >>> print(missing_package(f, "task"))  # doctest: +ELLIPSIS
+    `sklearn` is not installed on the cluster (the task could not import it): ... (pip install scikit-learn)
+    """
+    if failure.type_name == "ModuleNotFoundError":
+        match = _MISSING_MODULE.search(failure.message)
+        if match:
+            top = match.group(1).split(".")[0]
+            place = f" (the {where} could not import it)" if where else ""
+            pip = _PIP_NAMES.get(top, top)
+            return f"`{top}` is not installed on the cluster{place}: install it in its Python (pip install {pip})"
+    if failure.type_name in _GYM_NOT_FOUND and failure.module.startswith("gymnasium"):
+        return (
+            "the environment is not registered on the cluster: its package is missing there or not imported "
+            "(Atari: pip install 'gymnasium[atari]'; a custom environment: register it in the cell that uses it)"
+        )
+    return ""
+
+
 def remote_error(failure: RemoteFailure, source: str, cell_id: str, label: str, where: str) -> RemoteError:
     """The exception to raise in the notebook for ``failure``.
 
@@ -188,7 +224,7 @@ def remote_error(failure: RemoteFailure, source: str, cell_id: str, label: str, 
     error = cls.__new__(cls)
     Exception.__init__(error, failure.message)
     error.failure, error.source, error.cell_id, error.label, error.where = failure, source, cell_id, label, where
-    error.note = note
+    error.note = note or missing_package(failure, where)
     return error
 
 

@@ -87,3 +87,17 @@ def test_agent_death_is_a_clear_error_and_local_starts_afresh(shell: Any, cluste
     assert res.success, res.error_in_exec
     assert shell.user_ns["y"] == [1, 2, 3] and shell.user_ns["precious"] == [1, 2, 3]
     assert jc.current() is not cluster
+
+
+def test_a_package_missing_on_the_cluster_is_named_with_how_to_install_it(cluster: jc.Cluster) -> None:
+    """A cell importing what the cluster lacks says which package, where, and the pip line;
+    an RLlib environment whose package is missing (gymnasium's own error) says so too."""
+    with pytest.raises(ModuleNotFoundError) as info:
+        cluster.run_cell("import sklearn_not_here.svm", mode="task").result(60)
+    assert "`sklearn_not_here` is not installed on the cluster (the task could not import it)" in str(info.value)
+    assert "pip install sklearn_not_here" in str(info.value)
+    with pytest.raises(jc.RemoteError) as info:
+        cluster.run_cell("import gymnasium as gym\nenv = gym.make('ALE/Pong-v5')", mode="driver").result(60)
+    assert type(info.value).__name__ == "NamespaceNotFound" and "Namespace ALE not found" in str(info.value)
+    assert "pip install 'gymnasium[atari]'" in str(info.value)
+    assert cluster.run_cell("ok = 1", mode="driver").result(60).outputs["ok"] == 1
