@@ -183,6 +183,18 @@ def test_reset_driver_is_refused_while_cells_run(cluster: jc.Cluster) -> None:
             cluster.reset_driver()
     finally:
         cell.cancel()
-    with pytest.raises(jc.ClusterError):
+    with pytest.raises(jc.CellInterrupted):
         cell.result(30)
     assert cluster.run_cell("y = 2", mode="driver").result(30).outputs["y"] == 2
+
+
+def test_shutting_the_agent_down_can_stop_what_the_cells_started(cluster: jc.Cluster) -> None:
+    """What ``down()`` asks of an agent whose cluster outlives it (SSH): detached actors and
+    placement groups the cells made are stopped before the agent goes. (The embedded
+    cluster's own ``down`` stops Ray itself.)"""
+    made = "a = Counter.options(name='jc-test-outlives', lifetime='detached').remote()\nray.get(a.add.remote())"
+    cluster.run_cell(DRIVER_STARTS.split("named =")[0] + made, mode="driver", out=[]).result(60)
+    answer = cluster._link.call("shutdown", {"stop_started": True}, timeout=120)
+    assert answer["actors"] == ["jc-test-outlives"] and answer["errors"] == [], answer
+    cluster.down()  # the agent is gone already: down settles the rest
+    assert jc.current() is None

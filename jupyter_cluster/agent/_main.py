@@ -210,7 +210,16 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         emit("done", body.get("data"), final=True)
 
     async def shutdown(body: dict[str, Any], session: Any, emit: Any) -> None:
-        emit("done", True, final=True)
+        answer: Any = True
+        if body.get("stop_started"):  # a cluster that outlives the agent: stop what the cells started
+            from ._owned import stop_started
+
+            loop = asyncio.get_running_loop()
+            try:
+                answer = await asyncio.wait_for(loop.run_in_executor(None, stop_started, runner.driver_ns), 90)
+            except Exception:
+                log.warning("could not stop what the cells started", exc_info=True)
+        emit("done", answer, final=True)
         await asyncio.sleep(0.05)  # let the answer leave before the socket closes
         await server.stop()
 
