@@ -30,6 +30,7 @@ from ._errors import (
     MissingOutputError,
     RemoteError,
     RequestError,
+    cause_in_output,
     remote_error,
 )
 from ._handles import ObjectHandle
@@ -254,7 +255,9 @@ class RemoteCell:
             if failure.interrupted and not failure.origin and "--timeout" not in failure.message:
                 self._fail(CellInterrupted(_interrupt_message(failure.message, self.label, self.where)))
             else:
-                self._fail(remote_error(failure, self.spec.source, self.cell_id, self.label, self.where))
+                error = remote_error(failure, self.spec.source, self.cell_id, self.label, self.where)
+                error.note = error.note or cause_in_output(self.stderr)
+                self._fail(error)
             return
         result = CellResult(elapsed=time.time() - self.submitted, node=outcomes[0].node if outcomes else "")
         unloadable: dict[str, str] = {}

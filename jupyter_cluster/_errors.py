@@ -196,6 +196,27 @@ def missing_package(failure: RemoteFailure, where: str) -> str:
     return ""
 
 
+#: An environment error gymnasium raised in one of RLlib's env runners: RLlib logs it,
+#: takes the runner out of service and then fails with an error of its own.
+_GYM_LOGGED = re.compile(r"gymnasium\.error\.(?:NamespaceNotFound|NameNotFound|DependencyNotInstalled): ([^\n)]+)")
+
+
+def cause_in_output(stderr: str) -> str:
+    """A note for a cell whose real cause Ray only logged (into the cell's stderr), else "".
+
+    >>> cause_in_output("...gymnasium.error.NamespaceNotFound: Namespace ALE not found. Have you...?), taking")
+    "the environment could not be made on the cluster: Namespace ALE not found. Have you...?; its package is ..."
+    """
+    match = _GYM_LOGGED.search(stderr)
+    if match is None:
+        return ""
+    return (
+        f"the environment could not be made on the cluster: {match.group(1).strip()}; its package is missing "
+        "there or not imported (Atari: pip install 'gymnasium[atari]'; a custom environment: register it "
+        "where the env runners import it)"
+    )
+
+
 def remote_error(failure: RemoteFailure, source: str, cell_id: str, label: str, where: str) -> RemoteError:
     """The exception to raise in the notebook for ``failure``.
 

@@ -100,4 +100,11 @@ def test_a_package_missing_on_the_cluster_is_named_with_how_to_install_it(cluste
         cluster.run_cell("import gymnasium as gym\nenv = gym.make('ALE/Pong-v5')", mode="driver").result(60)
     assert type(info.value).__name__ == "NamespaceNotFound" and "Namespace ALE not found" in str(info.value)
     assert "pip install 'gymnasium[atari]'" in str(info.value)
+    # Through RLlib, the env runner's error is only logged, then RLlib fails with one of its own.
+    rllib = "from ray.rllib.algorithms.ppo import PPOConfig\n" + (
+        "PPOConfig().environment('ALE/Pong-v5').env_runners(num_env_runners=1).build_algo()"
+    )
+    with pytest.raises(Exception) as info:
+        cluster.run_cell(rllib, mode="driver").result(120)
+    assert "the environment could not be made on the cluster: Namespace ALE not found" in str(info.value)
     assert cluster.run_cell("ok = 1", mode="driver").result(60).outputs["ok"] == 1
