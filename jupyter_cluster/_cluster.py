@@ -108,6 +108,8 @@ class Cluster:
         self.missed = link.orphans
         #: The Ray processes this cluster started (``up``, ``--start-head``), if any.
         self.started: Any = None
+        #: The cluster YAML Ray's cluster launcher started this cluster from (``jc.up(config=...)``).
+        self.launcher: str | None = None
         #: The metrics the dashboards draw (a :class:`._feed.MetricsFeed`, made by the first).
         self._metrics_feed: Any = None
         #: ``jc.map`` calls whose progress bar still runs: their handle ids, and their watch.
@@ -640,8 +642,9 @@ class Cluster:
         link = self.link
         forwards = [f.describe() for f in self.forwards]
         if link["state"] != "connected":
-            return ClusterStatus(None, self.kind, self.dashboard_url, link, self.python, forwards)
-        return ClusterStatus(self._link.call("status"), self.kind, self.dashboard_url, link, self.python, forwards)
+            return ClusterStatus(None, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher)
+        data = self._link.call("status")
+        return ClusterStatus(data, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher)
 
     def cancel_all(self) -> None:
         for cell in list(self.cells.values()):

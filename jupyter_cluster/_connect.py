@@ -4,8 +4,9 @@
 there as a daemon (shipping its modules first when the head lacks this version), and
 opens a session through SSH; naming an existing ``session`` resumes it, with the
 events that arrived while detached. ``up`` starts Ray on a head and its workers
-(``ray start``, token authentication on, dashboard on the head's loopback), then
-connects; ``Cluster.down`` stops exactly the Ray processes it started.
+(``ray start``, token authentication on, dashboard on the head's loopback), or runs
+Ray's own cluster launcher on a cluster YAML (:mod:`._launcher`), then connects;
+``Cluster.down`` stops exactly the Ray processes it started (or runs ``ray down``).
 """
 
 from __future__ import annotations
@@ -317,9 +318,10 @@ def connect(
 
 
 def up(
-    head: str,
+    head: str | None = None,
     workers: Sequence[str] = (),
     *,
+    config: str | os.PathLike[str] | None = None,
     identity: str | None = None,
     python: str | None = None,
     known_hosts: str | None = None,
@@ -327,12 +329,61 @@ def up(
     reconnect_for: float = 600.0,
     keepalive: float = DEFAULT_KEEPALIVE,
 ) -> Cluster:
-    """Start Ray on ``head`` and each of ``workers`` over SSH, then attach to it.
+    """Start Ray on ``head`` and each of ``workers`` over SSH, or with Ray's own cluster
+    launcher from the cluster YAML ``config``; then attach to it.
 
-    ``Cluster.down()`` (``%cluster down``) stops exactly the Ray processes started here.
+    ``Cluster.down()`` (``%cluster down``) stops exactly the Ray processes started here;
+    for ``config``, it runs ``ray down`` on that YAML.
 
+    Parameters
+    ----------
+    head, workers
+        ``[user@]host[:port]`` of each host: Ray is started there with ``ray start``.
+    config
+        A cluster YAML, as ``ray up`` takes (instead of ``head`` and ``workers``).
+        ``ray up -y --no-config-cache`` runs on this machine (so Ray's launcher must be
+        installed here: ``pip install "ray[default]"``), its output shown as it comes;
+        a failure raises :class:`._launcher.LauncherError` with Ray's own message.
+        Then the notebook attaches to the head (``ray get-head-ip``) as the YAML's
+        ``auth.ssh_user``, with its ``auth.ssh_private_key`` unless ``identity`` is
+        given. Workers join as Ray's autoscaler starts them (``%cluster status``
+        shows them). Ray's launcher checks no host keys; this attach does, as every
+        connect does (``~/.ssh/known_hosts``): pass ``known_hosts`` (a file, or
+        ``"none"`` to skip the check as ``ray up`` does, for throwaway machines). If the
+        attach fails, the cluster keeps running; the error says how to stop it.
+    identity, python, known_hosts, reconnect_for, keepalive
+        As for :func:`connect`.
+    port
+        The GCS port ``ray start --head`` is given (not with ``config``: the YAML's
+        start commands say it).
+
+    Raises
+    ------
+    ValueError
+        Both or neither of ``head`` and ``config``; or a cluster YAML that is missing,
+        not a mapping, without ``auth.ssh_user``, or naming a key file that is not there
+        (checked before anything starts).
+
+    Examples
+    --------
     >>> cluster = jc.up("head.example", ["w1.example", "w2.example"])  # doctest: +SKIP
+    >>> cluster = jc.up(config="cluster.yaml")  # doctest: +SKIP
     """
+    if config is not None:
+        if head is not None or workers:
+            raise ValueError("give a head (and workers), or a cluster YAML as config=, not both")
+        from ._launcher import launch
+
+        return launch(
+            config,
+            identity=identity,
+            python=python,
+            known_hosts=known_hosts,
+            reconnect_for=reconnect_for,
+            keepalive=keepalive,
+        )
+    if head is None:
+        raise ValueError("up needs a head to start Ray on (and workers), or a cluster YAML for Ray's launcher: config=")
     options = {"identity": identity, "known_hosts": known_hosts, "python": python}
     head_target = SSHTarget.parse(head, **options)
     worker_targets = [SSHTarget.parse(w, **options) for w in workers]

@@ -165,9 +165,10 @@ def _cluster_parser() -> argparse.ArgumentParser:
     local.add_argument("--object-store", type=str, help="e.g. 2GiB")
     connect = commands.add_parser("connect", help="attach to a Ray head over SSH")
     connect.add_argument("target", help="[user@]host[:port]")
-    up = commands.add_parser("up", help="start Ray on a head and workers over SSH, and attach")
-    up.add_argument("head", help="[user@]host[:port]")
+    up = commands.add_parser("up", help="start Ray on a head and workers over SSH (or with `ray up`), and attach")
+    up.add_argument("head", nargs="?", help="[user@]host[:port]")
     up.add_argument("workers", nargs="*", help="[user@]host[:port] of each worker")
+    up.add_argument("--config", help="a cluster YAML: Ray's own cluster launcher (`ray up`) starts the cluster")
     for sub in (connect, up):
         sub.add_argument("--identity", help="private key file")
         sub.add_argument("--python", help="the head's Python (default: python3)")
@@ -265,8 +266,16 @@ class ClusterMagics(Magics):
         for name in ("keepalive", "reconnect_for"):
             if getattr(args, name) is not None:
                 options[name] = getattr(args, name)
+        if args.command == "up" and (args.head is None) == (args.config is None):
+            given = "both a head and --config" if args.head else "neither a head nor --config"
+            raise UsageError(
+                f"%cluster up: {given}: give HEAD [WORKER ...] to start Ray there over SSH, or --config "
+                f"cluster.yaml for Ray's cluster launcher\n{_cluster_parser().format_usage()}"
+            )
         try:
-            if args.command == "up":
+            if args.command == "up" and args.config is not None:
+                cluster = up(config=args.config, **options)
+            elif args.command == "up":
                 cluster = up(args.head, args.workers, **options)
             else:
                 cluster = connect(

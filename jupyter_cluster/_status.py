@@ -31,6 +31,14 @@ class ClusterStatus:
     python: str = ""
     #: Open port forwards, a line each.
     forwards: list[str] = field(default_factory=list)
+    #: The cluster YAML Ray's cluster launcher started the cluster from, if it did.
+    launcher: str | None = None
+
+    def launcher_line(self) -> str | None:
+        """What started the cluster, when Ray's cluster launcher did."""
+        if self.launcher is None:
+            return None
+        return f"started by Ray's cluster launcher from {self.launcher} (`%cluster down` runs `ray down`)"
 
     def _link_line(self) -> str:
         link = self.link
@@ -52,12 +60,15 @@ class ClusterStatus:
             return "\n".join(
                 [
                     f"{self.kind} cluster",
+                    *([f"  {self.launcher_line()}"] if self.launcher else []),
                     self._link_line(),
                     "  (nodes, cells and actors show once the link is back)",
                     *self._forward_lines(),
                 ]
             )
         lines = [f"{self.kind} Ray {data['ray']} cluster, {len(data['nodes'])} node(s)"]
+        if self.launcher:
+            lines.append(f"  {self.launcher_line()}")
         if self.link:
             lines.append(self._link_line())
         if self.dashboard:

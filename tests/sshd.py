@@ -11,6 +11,7 @@ Fixtures never request each other by name (shared state lives in ``config.stash`
 - ``link_cutter`` (function): :class:`CuttableLink`, a TCP proxy in front of ``sshd_server``, cut and restored at will.
 - ``ssh_hosts`` (module): :class:`SSHHosts`, ``.head`` (10.213.0.2) and ``.worker`` (10.213.0.3), each a network
   namespace bridged to the root namespace and running its own sshd on port 22.
+- ``ssh_hosts_own_pids`` (module): the same, each host also in a PID namespace of its own.
 
 Everything needs root, ``openssh-server`` (``/usr/sbin/sshd``, ``ssh``, ``ssh-keygen``) and ``iproute2`` (``ip``);
 when something is missing the fixtures fail (they never skip). Only loopback and the namespaces made here carry traffic.
@@ -46,6 +47,7 @@ __all__ = [
     "SSHServer",
     "link_cutter",
     "ssh_hosts",
+    "ssh_hosts_own_pids",
     "ssh_keys",
     "sshd_server",
 ]
@@ -638,9 +640,21 @@ def _remove_stale() -> None:
 
 
 def _add_host(
-    keys: SSHKeys, directory: Path, bridge: str, netns: str, veth: str, addr: str, known_hosts: Path
+    keys: SSHKeys,
+    directory: Path,
+    bridge: str,
+    netns: str,
+    veth: str,
+    addr: str,
+    known_hosts: Path,
+    own_pids: bool = False,
 ) -> SSHHost:
-    """Create namespace ``netns`` wired to ``bridge`` with ``addr``, and start its sshd on port 22."""
+    """Create namespace ``netns`` wired to ``bridge`` with ``addr``, and start its sshd on port 22.
+
+    ``own_pids``: sshd runs as the first process of a PID namespace of its own (``unshare --pid --mount-proc``), so
+    what its sessions start sees only this host's processes (``ray stop`` stops this host's Ray only), and every
+    process of the host dies with sshd.
+    """
     peer = veth + "p"
     _run(["ip", "netns", "add", netns], f"ssh_hosts: cannot create network namespace {netns} (need root/CAP_SYS_ADMIN)")
     _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", peer], f"ssh_hosts: cannot create veth {veth}")
@@ -655,14 +669,18 @@ def _add_host(
     hostdir = directory / netns
     hostdir.mkdir()
     config = _sshd_config(keys, hostdir, addr, 22)
-    proc = _start_sshd([*ns, SSHD, "-D", "-e", "-f", str(config)], hostdir / "sshd.log", addr, 22)
+    own = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"] if own_pids else []
+    proc = _start_sshd([*ns, *own, SSHD, "-D", "-e", "-f", str(config)], hostdir / "sshd.log", addr, 22)
     return SSHHost(addr, 22, "root", keys.user_key, known_hosts, keys.host_key_pub, netns=netns, veth=veth, proc=proc)
 
 
 @contextlib.contextmanager
-def make_ssh_hosts(keys: SSHKeys, directory: Path) -> Iterator[SSHHosts]:
-    """Build the head/worker namespaces, bridge and sshds; tear all of it down afterwards."""
-    _require_tools(SSHD, "ssh", "ip")
+def make_ssh_hosts(keys: SSHKeys, directory: Path, own_pids: bool = False) -> Iterator[SSHHosts]:
+    """Build the head/worker namespaces, bridge and sshds; tear all of it down afterwards.
+
+    ``own_pids``: each host also gets a PID namespace of its own (see :func:`_add_host`).
+    """
+    _require_tools(SSHD, "ssh", "ip", *(["unshare"] if own_pids else []))
     suffix = secrets.token_hex(3)
     bridge, head_ns, worker_ns = f"jcbr-{suffix}", f"jc-head-{suffix}", f"jc-worker-{suffix}"
     known_hosts = keys.write_known_hosts(directory / "known_hosts", [(HEAD_ADDR, 22), (WORKER_ADDR, 22)])
@@ -678,7 +696,7 @@ def make_ssh_hosts(keys: SSHKeys, directory: Path) -> Iterator[SSHHosts]:
             _run(["ip", "link", "set", bridge, "up"], f"ssh_hosts: cannot bring up {bridge}")
             for ns, veth, addr in ((head_ns, f"jch-{suffix}", HEAD_ADDR), (worker_ns, f"jcw-{suffix}", WORKER_ADDR)):
                 try:
-                    hosts.append(_add_host(keys, directory, bridge, ns, veth, addr, known_hosts))
+                    hosts.append(_add_host(keys, directory, bridge, ns, veth, addr, known_hosts, own_pids))
                 except BaseException:
                     hosts.append(SSHHost(addr, 22, "root", keys.user_key, known_hosts, "", netns=ns, veth=veth))
                     raise
@@ -686,6 +704,8 @@ def make_ssh_hosts(keys: SSHKeys, directory: Path) -> Iterator[SSHHosts]:
         finally:
             for host in hosts:
                 if host.proc is not None:
+                    if own_pids:  # unshare ignores SIGTERM; SIGKILL ends it, and its PID namespace with it
+                        host.proc.kill()
                     _stop_process(host.proc)
             for ns in (head_ns, worker_ns):
                 if ns in _netns_names():
@@ -753,4 +773,13 @@ def ssh_hosts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     """Two namespace hosts, ``head`` 10.213.0.2 and ``worker`` 10.213.0.3, each with sshd on port 22."""
     keys = _session_keys(request, tmp_path_factory)
     with make_ssh_hosts(keys, tmp_path_factory.mktemp("ssh-hosts")) as hosts:
+        yield hosts
+
+
+@pytest.fixture(scope="module")
+def ssh_hosts_own_pids(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHHosts]:
+    """``ssh_hosts`` whose hosts also have a PID namespace each: a host sees only its own processes, as a real one
+    does, so ``ray stop`` run there (Ray's cluster launcher runs it) cannot stop Ray elsewhere on this machine."""
+    keys = _session_keys(request, tmp_path_factory)
+    with make_ssh_hosts(keys, tmp_path_factory.mktemp("ssh-hosts"), own_pids=True) as hosts:
         yield hosts

@@ -89,6 +89,11 @@ def status_html(status: ClusterStatus, button: bool = False) -> str:
     """The card as HTML; ``button``: with the "Open dashboard" button (a cluster's repr)."""
     data = status.data
     rows = [f"<tr><th>link</th><td>{_link(status)}</td></tr>"]
+    if status.launcher:
+        rows.append(
+            f"<tr><th>started by</th><td>Ray's cluster launcher from <code>{_e(status.launcher)}</code> "
+            "(<code>%cluster down</code> runs <code>ray down</code>)</td></tr>"
+        )
     versions = []
     if data is not None:
         versions.append(f"Ray {_e(data['ray'])}")

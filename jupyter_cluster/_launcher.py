@@ -1,0 +1,337 @@
+"""Ray's own cluster launcher behind ``jc.up(config=...)`` and ``%cluster up --config``.
+
+``ray up`` runs on this machine as a subprocess (the kernel never imports Ray), with
+the cluster YAML the user would give it; then the notebook attaches to the head it
+started (``ray get-head-ip``) with :func:`._connect.connect`, as the YAML's
+``auth.ssh_user`` with its ``auth.ssh_private_key``. ``Cluster.down`` runs
+``ray down``. What Ray validates (providers, the schema) stays Ray's: its error comes
+back trimmed to the lines that say what went wrong.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ClusterError
+
+if TYPE_CHECKING:
+    from ._cluster import Cluster
+
+#: Seconds ``ray down`` and ``ray get-head-ip`` may take (``ray up`` runs until done or interrupted).
+DOWN_TIMEOUT = 600.0
+HEAD_IP_TIMEOUT = 120.0
+#: The longest error message made from Ray's output.
+MESSAGE_CHARS = 1200
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]")
+#: Ray's log prefix: ``2026-11-24 18:10:34,195<TAB>ERR updater.py:177 -- ``.
+_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+([A-Z]+)\s+\S+:\d+ -- ")
+_NOISE = re.compile(
+    r"^(Shared connection to \S+ closed\.|Warning: Permanently added .*|!!!|Full traceback:.*|"
+    r"Exception details:.*|Traceback \(most recent call last\):|\s*\^+\s*)$"
+)
+_FAILED = re.compile(r"error|fail|panic|exception|denied|refused|no such|not found|cannot|unable", re.IGNORECASE)
+_STEP = re.compile(r"^\[\d+/\d+\] ")
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+)')
+_ERROR_LEVELS = ("ERR", "ERROR", "PANIC", "CRITICAL")
+
+
+class LauncherError(ClusterError):
+    """Ray's cluster launcher (``ray up``, ``ray down``) failed, or is not installed here."""
+
+
+class LauncherConfigError(LauncherError, ValueError):
+    """The cluster YAML cannot be used: missing, not a mapping, no ``auth.ssh_user``, no key file."""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What this package reads in a cluster YAML; Ray reads the rest."""
+
+    #: The YAML's absolute path (``ray down`` needs it, from any working directory).
+    path: str
+    ssh_user: str
+    #: ``auth.ssh_private_key``, expanded; None: ssh-agent and the user's own keys.
+    ssh_private_key: str | None
+    provider: str | None
+    #: Where ``ray up`` ran: ``ray down`` runs there too (Ray reads relative paths in the YAML from there).
+    cwd: str
+
+
+def read_config(config: str | os.PathLike[str]) -> LaunchConfig:
+    """Read and check the cluster YAML ``config`` before anything starts.
+
+    Raises :class:`LauncherConfigError` when the file is missing or unreadable, is not
+    a YAML mapping, lacks ``auth.ssh_user``, or names an ``auth.ssh_private_key`` that
+    does not exist.
+    """
+    path = os.path.abspath(os.path.expanduser(os.fspath(config)))
+    try:
+        import yaml
+    except ImportError:
+        raise LauncherError(
+            'reading a cluster YAML needs PyYAML, which comes with Ray: pip install "ray[default]" here'
+        ) from None
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise LauncherConfigError(f"cluster config {path}: no such file") from None
+    except OSError as exc:
+        raise LauncherConfigError(f"cluster config {path}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise LauncherConfigError(f"cluster config {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        found = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise LauncherConfigError(
+            f"cluster config {path}: expected a mapping of Ray cluster launcher fields "
+            f"(cluster_name, provider, auth, ...), found {found}"
+        )
+    auth: dict[str, Any] = data["auth"] if isinstance(data.get("auth"), dict) else {}
+    user = auth.get("ssh_user")
+    if not isinstance(user, str) or not user.strip():
+        raise LauncherConfigError(
+            f"cluster config {path}: auth.ssh_user is missing. Ray's launcher and the notebook log in to the "
+            "head as that user: add `auth: {ssh_user: USER}`."
+        )
+    key = auth.get("ssh_private_key")
+    if key is not None:
+        key = os.path.expanduser(str(key))
+        if not os.path.isabs(key):  # Ray reads it relative to where `ray up` runs; so do we
+            key = os.path.abspath(key)
+        if not os.path.isfile(key):
+            raise LauncherConfigError(
+                f"cluster config {path}: auth.ssh_private_key is {auth['ssh_private_key']!r}, and there is no "
+                f"such file ({key}). Fix the path, or leave the key out to use ssh-agent and your ~/.ssh keys."
+            )
+    provider = data.get("provider")
+    kind = provider.get("type") if isinstance(provider, dict) else None
+    return LaunchConfig(path, user.strip(), key, kind if isinstance(kind, str) else None, os.getcwd())
+
+
+def ray_executable() -> str:
+    """The ``ray`` command: beside this kernel's Python first, else on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "ray")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("ray")
+    if found is None:
+        raise LauncherError(
+            f"Ray's cluster launcher (`ray up`) runs on this machine, and there is no `ray` command here (none "
+            f'beside {sys.executable}, none on PATH): pip install "ray[default]" in this kernel\'s environment'
+        )
+    return found
+
+
+def launcher_env(config: LaunchConfig) -> dict[str, str]:
+    """The environment ``ray up`` and ``ray down`` run with.
+
+    Ray 2.60's autoscaler v2 (``ray up``'s default) never starts the workers of a
+    ``local`` provider: the head has the same node type as they do and counts towards
+    their ``min_workers``. For that provider the launcher runs with
+    ``RAY_UP_enable_autoscaler_v2=0`` (v1, which starts them) unless it is set here.
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if config.provider == "local":
+        env.setdefault("RAY_UP_enable_autoscaler_v2", "0")
+    return env
+
+
+def plain_lines(lines: list[str]) -> list[tuple[str, str]]:
+    """Ray's output as ``(level, text)``: colour codes, log prefixes, noise and
+    traceback frames gone (a traceback leaves its exception's line); ``level`` is Ray's
+    (``INFO``, ``ERR``, ``PANIC``...), or ``""`` for what a command printed itself.
+
+    >>> plain_lines(["2026-01-02 03:04:05,678\tPANIC commands.py:308 -- \x1b[1mUnknown provider\x1b[0m"])
+    [('PANIC', 'Unknown provider')]
+    >>> plain_lines(["Traceback (most recent call last):", '  File "x.py", line 1, in f', "    f()", "KeyError: 'x'"])
+    [('', "KeyError: 'x'"), ('', '(raised at x.py:1: f())')]
+    """
+    kept: list[tuple[str, str]] = []
+    frame: list[str] | None = None  # in a traceback: its last frame, and that frame's code
+    detail = False  # after a traceback: the rest of its exception's message (a schema dump, say)
+    for raw in lines:
+        line = _ANSI.sub("", raw).rstrip()
+        if line.endswith("Traceback (most recent call last):"):
+            frame, detail = [], False
+            continue
+        if detail and not _PREFIX.match(line):
+            continue
+        detail = False
+        if frame is not None:
+            match = _FRAME.match(line)
+            if match:
+                frame = [f"{match.group(1).rsplit('site-packages/', 1)[-1]}:{match.group(2)}"]
+            elif line.strip() and not set(line.strip()) <= set("^~") and len(frame) == 1:
+                frame.append(line.strip())
+            if line.startswith(" ") or not line:
+                continue
+            kept.append(("", line.strip()))  # the exception's own line ends it
+            if len(frame) == 2 and not frame[1].startswith("raise "):
+                kept.append(("", f"(raised at {frame[0]}: {frame[1]})"))
+            frame, detail = None, True
+            continue
+        level = ""
+        match = _PREFIX.match(line)
+        if match:
+            level, line = match.group(1), line[match.end() :]
+        line = line.strip()
+        if line and not level.startswith("VV") and not _NOISE.match(line):  # VV: Ray's full ssh command lines
+            kept.append((level, line))
+    return kept
+
+
+def trimmed(lines: list[str], chars: int = MESSAGE_CHARS) -> str:
+    """The lines of Ray's output that say what failed: from the last step Ray began
+    (``[7/7] Starting the Ray runtime``), the ones Ray logged as errors or that name
+    one, and what commands printed themselves; else its last lines. At most ``chars``.
+
+    >>> print(trimmed(["[7/7] Starting the Ray runtime", "2026-01-02 03:04:05,678\tINFO x.py:1 -- fine",
+    ...                "bash: /no/ray: No such file or directory", "Error: Failed to setup head node."]))
+    [7/7] Starting the Ray runtime
+    bash: /no/ray: No such file or directory
+    Error: Failed to setup head node.
+    """
+    plain = plain_lines(lines)
+    steps = [i for i, (_, text) in enumerate(plain) if _STEP.match(text)]
+    start = steps[-1] if steps else 0
+    picked: list[str] = [plain[start][1]] if steps else []
+    seen = {text.removeprefix("Error: ") for text in picked}
+    for level, text in plain[start + 1 if steps else 0 :]:
+        wanted = level in _ERROR_LEVELS or not level or _FAILED.search(text)
+        if wanted and text.removeprefix("Error: ") not in seen:
+            picked.append(text)
+            seen.add(text.removeprefix("Error: "))
+    if len(picked) <= len(steps[-1:]):
+        picked = [text for _, text in plain[-8:]]
+    text = "\n".join(picked)
+    if len(text) > chars:
+        text = "…" + text[-chars:].split("\n", 1)[-1]
+    return text
+
+
+def _stream(
+    argv: list[str], config: LaunchConfig, *, echo: bool, timeout: float | None = None
+) -> tuple[int, list[str]]:
+    """Run ``argv``; return its exit status and output lines (stdout and stderr), echoed
+    here as they come when ``echo``. Interrupting (or ``timeout``) stops it."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=launcher_env(config),
+        cwd=config.cwd,
+    )
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, expire) if timeout else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        code = proc.wait()
+    except BaseException:  # an interrupted kernel: stop the launcher too
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if expired.is_set():
+        lines.append(f"(stopped: no end after {timeout:.0f} s)")
+    return code, lines
+
+
+def ray_up(config: LaunchConfig, ray: str) -> None:
+    """``ray up -y --no-config-cache`` the YAML; its output is echoed as it comes."""
+    code, lines = _stream([ray, "up", "-y", "--no-config-cache", config.path], config, echo=True)
+    if code != 0:
+        raise LauncherError(f"`ray up {config.path}` failed (exit status {code}):\n{trimmed(lines)}")
+
+
+def head_ip(config: LaunchConfig, ray: str) -> str:
+    """The head's address as Ray's launcher knows it (``ray get-head-ip``)."""
+    try:
+        done = subprocess.run(
+            [ray, "get-head-ip", config.path],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            env=launcher_env(config),
+            cwd=config.cwd,
+            timeout=HEAD_IP_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        raise LauncherError(f"`ray get-head-ip {config.path}` gave no answer in {HEAD_IP_TIMEOUT:.0f} s") from None
+    answer = done.stdout.strip().splitlines()
+    address = answer[-1].strip() if answer else ""
+    if done.returncode != 0 or not address or " " in address:
+        output = (done.stdout + "\n" + done.stderr).splitlines()
+        raise LauncherError(f"`ray get-head-ip {config.path}` found no head:\n{trimmed(output)}")
+    return address
+
+
+def ray_down(config: LaunchConfig, ray: str) -> None:
+    """``ray down -y`` the YAML (``Cluster.down`` runs it); its output is echoed."""
+    argv = [ray, "down", "-y", config.path]
+    code, lines = _stream(argv, config, echo=True, timeout=DOWN_TIMEOUT)
+    if code != 0:
+        raise LauncherError(f"`ray down {config.path}` failed (exit status {code}):\n{trimmed(lines)}")
+
+
+def launch(config: str | os.PathLike[str], **attach: Any) -> Cluster:
+    """``ray up`` the cluster YAML ``config`` here, then attach to its head (see :func:`._connect.up`).
+
+    ``attach``: :func:`._connect.connect`'s options; ``identity`` defaults to the
+    YAML's ``auth.ssh_private_key``.
+    """
+    from ._connect import connect
+
+    if attach.get("keepalive", 0) < 0 or attach.get("reconnect_for", 0) < 0:
+        raise ValueError("keepalive and reconnect_for are seconds, not negative")
+    conf = read_config(config)
+    ray = ray_executable()
+    ray_up(conf, ray)
+    address = head_ip(conf, ray)
+    target = f"{conf.ssh_user}@{address}"
+    if attach.get("identity") is None:
+        attach["identity"] = conf.ssh_private_key
+    try:
+        cluster = connect(target, **attach)
+    except ClusterError as exc:
+        raise LauncherError(
+            f"Ray's cluster launcher started the cluster of {conf.path}, and attaching to its head {target} "
+            f"failed: {exc}\nThe cluster keeps running: attach again once that is fixed "
+            f"(jc.connect({target!r}, ...)), or stop it: ray down -y {conf.path}"
+        ) from exc
+    cluster.launcher = conf.path
+    cluster.stoppers.append(functools.partial(ray_down, conf, ray))
+    return cluster
+
+
+__all__ = ["LaunchConfig", "LauncherConfigError", "LauncherError", "launch", "read_config"]
