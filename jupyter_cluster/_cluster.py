@@ -566,9 +566,9 @@ class Cluster:
         """Make ``port`` on the head's loopback reachable from this machine; return its URL here.
 
         Over SSH this is a local port forward through the cluster's own connection (it
-        outlives a reconnect); ``local`` picks the port here (by default the head's port
-        number when it is free here, else any free one). The embedded cluster runs on
-        this machine: its port is returned as it is, unless ``local`` asks for another.
+        outlives a reconnect); ``local`` picks the port here (by default, any free one).
+        The embedded cluster runs on this machine: its port is returned as it is, unless
+        ``local`` asks for another.
         Forwarding a port twice returns the forward already open. ``%cluster status``
         lists the forwards; ``disconnect()`` and ``down()`` close them.
 
@@ -662,16 +662,18 @@ class Cluster:
         """Stop what this cluster started: its agent, and the Ray it brought up (if any).
 
         Cells still running fail at once, and so does any wait on their handles. Port
-        forwards are closed.
+        forwards are closed. On a cluster that outlives the agent (SSH), what the cells
+        started is stopped first, as :meth:`reset_driver` does: Serve, the named and
+        detached actors of the cells' job, its placement groups.
         """
         self._close_forwards()
         for cell in list(self.cells.values()):
             cell._fail(AgentLostError(f"it was shut down (`%cluster down`) while {cell.label} ran"))
         if not self._link.closed:
             # While the link is down, give it a moment to come back, not the full wait.
-            wait = 30.0 if self._link.state == "connected" else 10.0
+            wait = 120.0 if self._link.state == "connected" else 10.0
             try:
-                self._link.call("shutdown", timeout=wait)
+                self._link.call("shutdown", {"stop_started": self._agent is None}, timeout=wait)
             except Exception:  # already gone (or unreachable): what follows settles it
                 pass
         self._link.close()

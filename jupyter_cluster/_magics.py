@@ -186,7 +186,7 @@ def _cluster_parser() -> argparse.ArgumentParser:
     commands.add_parser("down", help="stop what `local` or `up` started")
     forward = commands.add_parser("forward", help="reach a port of the head from here (Serve, TensorBoard)")
     forward.add_argument("port", help="the port on the head's loopback")
-    forward.add_argument("--local", help="the port on this machine (default: the same number if free, else any)")
+    forward.add_argument("--local", help="the port on this machine (default: any free one)")
     forward.add_argument("--close", action="store_true", help="close the forwards of PORT")
     return parser
 
