@@ -259,6 +259,61 @@ def test_up_config_attaches_to_the_launched_two_node_cluster(
     assert set(result.outputs["node"]) == {hosts.head.host, hosts.worker.host}, "tasks ran on both nodes"
 
 
+SERVE_APP = """
+from ray import serve
+from starlette.requests import Request
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.1})
+class Doubler:
+    async def __call__(self, request: Request):
+        return {"twice": 2 * int(request.query_params["x"])}
+
+
+serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+serve.run(Doubler.bind(), name="doubler", route_prefix="/double")
+"""
+
+BROKEN_APP = """
+@serve.deployment(ray_actor_options={"num_cpus": 0.1})
+class Broken:
+    def __init__(self):
+        raise RuntimeError("the model file is missing")
+
+    def __call__(self, request):
+        return "never"
+
+
+serve.run(Broken.bind(), name="broken", route_prefix="/broken")
+"""
+
+
+def test_serve_on_the_head_through_a_forward(launched: jc.Cluster) -> None:
+    """Serve listens on the head's loopback (a namespace of its own: nothing here can reach
+    it but through SSH); a forward reaches it; status lists the application and the
+    forward; a deployment that cannot start fails its cell with its own error; shutting
+    Serve down leaves none of its actors."""
+    import json
+    import urllib.request
+
+    launched.run_cell(SERVE_APP, mode="driver", out=[]).result(240)
+    url = launched.forward(8000)
+    with urllib.request.urlopen(f"{url}/double?x=21", timeout=30) as answer:
+        assert json.load(answer) == {"twice": 42}
+    text = str(launched.status())
+    assert "Serve application doubler: RUNNING" in text and f"{url} -> head " in text, text
+
+    with pytest.raises(jc.RemoteError) as info:
+        launched.run_cell(BROKEN_APP, mode="driver", out=[]).result(240)
+    message = str(info.value)
+    assert "Deploying application broken failed" in message and "the model file is missing" in message, message
+
+    launched.run_cell("serve.shutdown()", mode="driver", out=[]).result(120)
+    left = launched.status().data["started"]  # type: ignore[index]
+    assert not left["serve"] and not [a for a in left["actors"] if a["class"].startswith(("Serve", "Proxy"))], left
+    launched.close_forward(8000)
+
+
 def test_down_runs_ray_down_and_leaves_no_ray_on_either_host(
     launched: jc.Cluster, launch_yaml: str, ssh_hosts_own_pids: SSHHosts
 ) -> None:

@@ -391,6 +391,31 @@ def _show_figures(output: CellOutput) -> None:
     pyplot.close("all")
 
 
+_SERVE_FAILED = re.compile(r"Deploying application (\S+) failed")
+
+
+def _serve_detail(message: str) -> str:
+    """Why a Serve application failed to deploy, from Serve's status: ``serve.run`` says
+    only which deployments failed; their replicas' own errors are in Serve's status."""
+    match = _SERVE_FAILED.search(message)
+    if match is None or "ray.serve" not in sys.modules:
+        return ""
+    try:
+        from ray import serve
+
+        app = serve.status().applications.get(match.group(1))
+        if app is None:
+            return ""
+        reasons = []
+        for name, deployment in app.deployments.items():
+            if deployment.message:
+                lines = [line for line in deployment.message.strip().splitlines() if line.strip()]
+                reasons.append(f"\n{name}: " + "\n".join(lines[-12:]))
+        return "".join(reasons)
+    except Exception:  # Serve is gone meanwhile: its own message is all there is
+        return ""
+
+
 def failure_from(exc: BaseException, source: str, cell_id: str) -> RemoteFailure:
     """Describe ``exc`` with only the frames of user code (cell, notebook functions)."""
     cell_file = cell_filename(source)
@@ -413,7 +438,7 @@ def failure_from(exc: BaseException, source: str, cell_id: str) -> RemoteFailure
     return RemoteFailure(
         type_name=cls.__qualname__,
         module=cls.__module__,
-        message=str(exc),
+        message=str(exc) + _serve_detail(str(exc)),
         frames=frames,
         exception=pickled,
         interrupted=isinstance(exc, KeyboardInterrupt),
