@@ -285,6 +285,17 @@ def test_actors_listed_and_killed_from_the_panel(kernel: Kernel, panel: Panel) -
     ok(kernel, "assert fresh")
 
 
+def test_port_forwards_are_listed_as_they_open_and_close(kernel: Kernel, panel: Panel) -> None:
+    panel.drain()
+    ok(kernel, "from jupyter_cluster._forward import free_port\nport, local = free_port(), free_port()")
+    ok(kernel, "url = jc.forward(port, local=local)")
+    (entry,) = panel.wait("forwards", lambda m: bool(m["forwards"]))["forwards"]
+    assert entry["name"].startswith("port ") and entry["local"].startswith("http://127.0.0.1:")
+    assert "-> embedded cluster (this machine):" in entry["remote"]
+    ok(kernel, "assert jc.current().close_forward(port)")
+    assert panel.wait("forwards", lambda m: not m["forwards"])["forwards"] == []
+
+
 def test_malformed_commands_get_clear_replies(kernel: Kernel, panel: Panel) -> None:
     reply = panel.request({"type": "reboot_everything"})
     assert not reply["ok"] and "unknown command 'reboot_everything'" in reply["message"]
