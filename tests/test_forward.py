@@ -45,8 +45,16 @@ def _get(url: str) -> str:
         return str(answer.read().decode())
 
 
+#: Stops the server SERVER started (it would hold its port for the agent's lifetime).
+STOP = "httpd.shutdown()\nhttpd.server_close()"
+
+
 def _serve(cluster: jc.Cluster, port: int) -> None:
-    cluster.run_cell(SERVER.replace("PORT", str(port)) + "del httpd", mode="driver").result(60)
+    cluster.run_cell(SERVER.replace("PORT", str(port)), mode="driver", out=[]).result(60)
+
+
+def _stop(cluster: jc.Cluster) -> None:
+    cluster.run_cell(STOP, mode="driver", out=[]).result(60)
 
 
 def test_port_numbers_are_checked() -> None:
@@ -75,6 +83,7 @@ def test_embedded_ports_are_reached_as_they_are_or_relayed_to_another(cluster: j
             _get(relayed)  # closed: nothing listens there any more
     finally:
         cluster._close_forwards()
+        _stop(cluster)
 
 
 def test_a_local_port_in_use_is_refused_naming_a_free_one(cluster: jc.Cluster) -> None:
@@ -104,6 +113,7 @@ def test_a_port_nothing_listens_on_fails_fast_and_says_why(cluster: jc.Cluster, 
         assert "last connection failed: nothing listens" in str(cluster.status())
         _serve(cluster, port)  # once something listens, the same forward reaches it
         assert _get(url) == f"hello from {port}" and forward.last_error is None
+        _stop(cluster)
     finally:
         cluster._close_forwards()
 

@@ -88,10 +88,10 @@ def test_a_port_of_the_head_is_forwarded_and_outlives_a_dropped_connection(
     (on a free port here, by default); a
     local port in use is refused naming a free one; a refused port closes the client at
     once; the forward goes on through the new connection after SSH drops; disconnect closes it."""
-    from .test_forward import SERVER, _get
+    from .test_forward import SERVER, STOP, _get
 
     port = free_port()
-    remote.run_cell(SERVER.replace("PORT", str(port)) + "del httpd", mode="driver").result(60)
+    remote.run_cell(SERVER.replace("PORT", str(port)), mode="driver", out=[]).result(60)
     url = remote.forward(port)
     (forward,) = remote.forwards
     assert forward.relays and forward.local_port != port and forward.note is None
@@ -127,6 +127,7 @@ def test_a_port_of_the_head_is_forwarded_and_outlives_a_dropped_connection(
     finally:
         again = jc.connect(_target(sshd_server), session=session, **_options(sshd_server))
     assert again is remote
+    remote.run_cell(STOP, mode="driver", out=[]).result(60)
 
 
 def test_node_metrics_on_a_head_with_token_authentication(remote: jc.Cluster) -> None:
