@@ -561,7 +561,10 @@ def forwards(cluster: Cluster | None) -> list[dict[str, str]]:
     if cluster.dashboard_url:
         found.append({"name": "Ray dashboard", "local": cluster.dashboard_url, "remote": f"head:{DASHBOARD_PORT}"})
     for forward in cluster.forwards:
-        found.append({"name": f"port {forward.remote_port}", "local": forward.url, "remote": forward.describe()})
+        remote = f"{forward.where}:{forward.remote_port}"
+        if forward.last_error:
+            remote += f" (last connection failed: {forward.last_error})"
+        found.append({"name": f"port {forward.remote_port}", "local": forward.url, "remote": remote})
     return found
 
 
