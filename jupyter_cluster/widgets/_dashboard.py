@@ -228,7 +228,7 @@ class Dashboard(ipywidgets.VBox):
         ]
         self.time_plot.add_layout(Legend(items=[(n, [r]) for n, r in lines], location="top_left"), "right")
         self.figures = column(row(self.node_plot, self.state_plot), self.time_plot, name="jupyter-cluster-dashboard")
-        self.plots = _plots(self.figures)
+        self.plots = _plots(self.figures, self._lock)
         self.header = ipywidgets.HTML(value=self._header())
         super().__init__(children=[self.header, self.plots])
         self.add_class("jupyter-cluster-dashboard")
@@ -399,9 +399,23 @@ class Dashboard(ipywidgets.VBox):
 _Plots: Any = None
 
 
-def _plots(figures: Any) -> Any:
-    """A ``jupyter_bokeh.BokehModel`` whose ``close`` may run twice (its own raises the
-    second time, which garbage collection does after an explicit close)."""
+#: Seconds after which a plot sends its changes even though no view said it is displayed
+#: (a frontend that does not count views, such as an old widget manager).
+LIVE_FALLBACK = 10.0
+
+
+def _plots(figures: Any, lock: Any) -> Any:
+    """A ``jupyter_bokeh.BokehModel`` that sends changes only once a view of it is shown.
+
+    jupyter_bokeh sends each document change as several comm messages that a view's
+    receiver reassembles. A view made while one is half through (the browser builds it
+    between two of them, which a busy page does) reads every later change out of step,
+    and draws none of them. So changes wait until the frontend counts a displayed view
+    (``_view_count``); then every view gets the whole document (``render_bundle``), and
+    changes flow. ``lock`` is the lock its owner changes the document under. Its
+    ``close`` may run twice (jupyter_bokeh's own raises the second time, which garbage
+    collection does after an explicit close).
+    """
     global _Plots
     if _Plots is None:
         from jupyter_bokeh import BokehModel
@@ -409,13 +423,39 @@ def _plots(figures: Any) -> Any:
         class Plots(BokehModel):
             _closed_once = False
 
+            def __init__(self, figures: Any, lock: Any) -> None:
+                self.live = False
+                self._owner_lock = lock
+                super().__init__(figures)
+                self._view_count = 0  # the frontend counts the views it displays
+                self.observe(self._on_views, names="_view_count")
+                timer = threading.Timer(LIVE_FALLBACK, self.go_live)
+                timer.daemon = True
+                timer.start()
+
+            def _on_views(self, change: dict[str, Any]) -> None:
+                if (change["new"] or 0) > (change["old"] or 0):
+                    self.go_live()
+
+            def go_live(self) -> None:
+                """Hand every view the whole document, and send changes from now on."""
+                with self._owner_lock:
+                    if self._closed_once:
+                        return
+                    self.live = True
+                    self.render_bundle = self._model_to_traits(self._model)
+
+            def _document_patched(self, event: Any) -> None:
+                if self.live:
+                    super()._document_patched(event)
+
             def close(self) -> None:
                 if not self._closed_once:
                     self._closed_once = True
                     super().close()
 
         _Plots = Plots
-    return _Plots(figures)
+    return _Plots(figures, lock)
 
 
 def dashboard(cluster: Cluster, window: float = 300.0) -> Dashboard:

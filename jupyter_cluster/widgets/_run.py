@@ -80,7 +80,7 @@ class RunView(ipywidgets.VBox):
         #: ``(reported at, drawn at)`` of each report drawn (for the latency benchmark).
         self.latency: list[tuple[float, float]] = []
         self.layout_root = column(name="jupyter-cluster-run")
-        self.plots = _plots(self.layout_root)
+        self.plots = _plots(self.layout_root, self._lock)
         self.header = ipywidgets.HTML(value=self._header())
         self.table = ipywidgets.HTML(value="")
         super().__init__(children=[self.header, self.plots, self.table])
