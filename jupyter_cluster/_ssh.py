@@ -291,13 +291,15 @@ class RemoteHead:
 
     async def stop_ray(self, *patterns: str) -> None:
         """Stop the processes whose command lines match any of ``patterns`` (``pkill -f``
-        syntax), and their descendants (some of Ray's rename themselves)."""
+        syntax), and their descendants (some of Ray's rename themselves): SIGTERM, then
+        SIGKILL for what is left after 3 s (Ray's GCS and raylet often take over 10 s to
+        heed SIGTERM; a cluster being torn down needs no orderly exit)."""
         q = shlex.quote("|".join(f"({p})" for p in patterns))
         await self.run(
             f"pids=$(pgrep -f {q}); all=$pids; "
             'while [ -n "$pids" ]; do pids=$(for p in $pids; do pgrep -P $p; done); all="$all $pids"; done; '
             '[ -n "$all" ] || exit 0; kill -TERM $all 2>/dev/null; '
-            "for i in $(seq 50); do alive=; for p in $all; do kill -0 $p 2>/dev/null && alive=1; done; "
+            "for i in $(seq 15); do alive=; for p in $all; do kill -0 $p 2>/dev/null && alive=1; done; "
             '[ -z "$alive" ] && exit 0; sleep 0.2; done; kill -KILL $all 2>/dev/null; true'
         )
 

@@ -16,10 +16,10 @@
 #      sidebar (labextension/: jlpm install and build, so Node 18 or later must be on PATH).
 #   3. The `python3` Jupyter kernel, into this environment: python -m ipykernel install --sys-prefix.
 #   4. The tests: with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
-#      unit tests (jest, in labextension/), then the whole suite as two pytest processes side by
-#      side (the examples, the link-loss tests, which mostly wait out long outages, and the
-#      Train/Tune runs beside the rest). Exits with the status of the first that failed; pytest's exit code 5 (no tests
-#      collected) is reported as a failure.
+#      unit tests (jest, in labextension/), then the whole suite as three pytest processes side
+#      by side (the link-loss tests, which mostly wait out long outages; the examples, the
+#      Train/Tune runs and the browser tests; the rest). Exits with the status of the first
+#      that failed; pytest's exit code 5 (no tests collected) is reported as a failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -88,13 +88,13 @@ echo "::: the python3 kernel, into $("$PYTHON" -c 'import sys; print(sys.prefix)
 
 # ---------------------------------------------------------------- tests
 
-# With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
-# processes side by side, of about the same length on two cores: the example notebooks, the
-# link-loss tests (which mostly wait out outages of 45 s or more) and the Train/Tune runs in one,
-# all the others in the other.
-# The first keeps its Ray sessions in a folder of its own (RAY_TMPDIR), so that no test reading
-# /tmp/ray/session_latest meets its clusters, and its one Ray head has a --temp-dir that
-# --start-head never looks in. With arguments, one pytest runs them as given.
+# With no arguments, the sidebar's jest tests run first, then the whole suite as three pytest
+# processes side by side: the link-loss tests, which mostly wait out outages of 45 s or more; the
+# example notebooks, the Train/Tune runs and the browser tests; and all the others. The two
+# beside the main one keep their Ray sessions in folders of their own (RAY_TMPDIR), so that no
+# test reading /tmp/ray/session_latest meets their clusters, and the Ray heads they start over
+# SSH have a --temp-dir that --start-head never looks in. With arguments, one pytest runs them
+# as given.
 status() {  # a pytest exit status, with "no tests collected" (5) named a failure
     if [ "$1" -eq 5 ]; then
         echo "FAILED: pytest collected no tests (exit code 5)${2:+ in $2}" >&2
@@ -113,25 +113,39 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 # jlpm (JupyterLab's yarn) comes with the dev extras, in the environment of $PYTHON.
 (cd labextension && "$PYTHON" -c 'import sys; from jupyter_builder.jlpm import main; sys.argv[0] = "jlpm"; sys.exit(main())' test)
 
-SIDE=(tests/test_examples.py tests/test_link_loss.py tests/test_runs.py)
+# The groups run beside the main process, each in a pytest of its own.
+BESIDE=(
+    "tests/test_link_loss.py"
+    "tests/test_examples.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py"
+)
 ignore=()
-for path in "${SIDE[@]}"; do ignore+=("--ignore=$path"); done
-log="$(mktemp)"
-tmpdir="$(mktemp -d /tmp/jcl.XXXX)"
-echo "::: python -m pytest -x -q ${SIDE[*]} (beside the rest; its output follows theirs)"
-RAY_TMPDIR="$tmpdir" "$PYTHON" -m pytest -x -q --durations=10 -p no:cacheprovider "${SIDE[@]}" >"$log" 2>&1 &
-side=$!
+pids=()
+logs=()
+tmpdirs=()
+for group in "${BESIDE[@]}"; do
+    read -r -a paths <<<"$group"
+    for path in "${paths[@]}"; do ignore+=("--ignore=$path"); done
+    log="$(mktemp)"
+    tmpdir="$(mktemp -d /tmp/jcl.XXXX)"
+    echo "::: python -m pytest -x -q $group (beside the rest; its output follows theirs)"
+    RAY_TMPDIR="$tmpdir" "$PYTHON" -m pytest -x -q --durations=10 -p no:cacheprovider "${paths[@]}" >"$log" 2>&1 &
+    pids+=($!)
+    logs+=("$log")
+    tmpdirs+=("$tmpdir")
+done
 echo "::: python -m pytest -x -q ${ignore[*]}"
 rc=0
 "$PYTHON" -m pytest -x -q --durations=15 "${ignore[@]}" || rc=$?
-rc_side=0
-wait "$side" || rc_side=$?
-echo "::: ${SIDE[*]}"
-cat "$log"
-rm -rf "$log" "$tmpdir"
 status "$rc"
-status "$rc_side" "${SIDE[*]}"
-if [ "$rc" -ne 0 ]; then
-    exit "$rc"
-fi
-exit "$rc_side"
+for i in "${!BESIDE[@]}"; do
+    rc_group=0
+    wait "${pids[$i]}" || rc_group=$?
+    echo "::: ${BESIDE[$i]}"
+    cat "${logs[$i]}"
+    rm -rf "${logs[$i]}" "${tmpdirs[$i]}"
+    status "$rc_group" "${BESIDE[$i]}"
+    if [ "$rc" -eq 0 ]; then
+        rc=$rc_group
+    fi
+done
+exit "$rc"
