@@ -16,9 +16,9 @@
 #      sidebar (labextension/: jlpm install and build, so Node 18 or later must be on PATH).
 #   3. The `python3` Jupyter kernel, into this environment: python -m ipykernel install --sys-prefix.
 #   4. The tests: with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
-#      unit tests (jest, in labextension/), then the whole suite as three pytest processes side
-#      by side (the link-loss tests, which mostly wait out long outages; the examples, the
-#      Train/Tune runs and the browser tests; the rest). Exits with the status of the first
+#      unit tests (jest, in labextension/), then the whole suite as two pytest processes side
+#      by side (the examples, the link-loss tests, which mostly wait out long outages, and the
+#      Train/Tune runs beside the rest). Exits with the status of the first
 #      that failed; pytest's exit code 5 (no tests collected) is reported as a failure.
 set -euo pipefail
 
@@ -88,13 +88,15 @@ echo "::: the python3 kernel, into $("$PYTHON" -c 'import sys; print(sys.prefix)
 
 # ---------------------------------------------------------------- tests
 
-# With no arguments, the sidebar's jest tests run first, then the whole suite as three pytest
-# processes side by side: the link-loss tests, which mostly wait out outages of 45 s or more; the
-# example notebooks, the Train/Tune runs and the browser tests; and all the others. The two
-# beside the main one keep their Ray sessions in folders of their own (RAY_TMPDIR), so that no
-# test reading /tmp/ray/session_latest meets their clusters, and the Ray heads they start over
-# SSH have a --temp-dir that --start-head never looks in. With arguments, one pytest runs them
-# as given.
+# With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
+# processes side by side, of about the same length on two cores: the example notebooks, the
+# link-loss tests (which mostly wait out outages of 45 s or more) and the Train/Tune runs in one,
+# all the others in the other. (A third process, for the link-loss tests alone, loaded the
+# machine enough that an interrupt timed to land while a link was down landed elsewhere.)
+# Each group beside the main process keeps its Ray sessions in a folder of its own
+# (RAY_TMPDIR), so that no test reading /tmp/ray/session_latest meets their clusters, and the
+# Ray heads they start over SSH have a --temp-dir that --start-head never looks in. With
+# arguments, one pytest runs them as given.
 status() {  # a pytest exit status, with "no tests collected" (5) named a failure
     if [ "$1" -eq 5 ]; then
         echo "FAILED: pytest collected no tests (exit code 5)${2:+ in $2}" >&2
@@ -115,8 +117,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_link_loss.py"
-    "tests/test_examples.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py"
+    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py"
 )
 ignore=()
 pids=()
