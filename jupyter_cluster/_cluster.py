@@ -560,7 +560,6 @@ class Cluster:
         if ids and not self._link.closed:
             self._link.request("release", {"handles": ids})
 
-    # --------------------------------------------------------------- cluster
     # ----------------------------------------------------------------- ports
     def forward(self, port: int, local: int | None = None) -> str:
         """Make ``port`` on the head's loopback reachable from this machine; return its URL here.
@@ -601,18 +600,6 @@ class Cluster:
         forward.note = forward.probe()
         tell("forwards", self)
         return forward
-        if self._link.closed:
-            raise ClusterConnectionError(f"{self!r} is detached: attach again to forward a port")
-        embedded = self._agent is not None
-        where = "embedded cluster (this machine)" if embedded else f"head {self._link.target}"
-        opener = None if embedded else ssh_opener(self._link.transport)
-        forward = open_forward(port, wanted, where, opener)
-        self.forwards.append(forward)
-        why = forward.probe()
-        if why:
-            log.warning("forward %s: %s yet; it will reach it once something does", forward.url, why)
-        tell("forwards", self)
-        return forward.url
 
     def close_forward(self, port: int) -> bool:
         """Close the forwards of the head's ``port``; whether there were any."""
@@ -633,6 +620,7 @@ class Cluster:
         if closing:
             tell("forwards", self)
 
+    # --------------------------------------------------------------- cluster
     def status(self) -> ClusterStatus:
         """The link, nodes, resources, running cells and actors, port forwards, and what
         driver cells started (actors, Serve applications, placement groups).

@@ -172,6 +172,8 @@ _PIP_NAMES = {
 }
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 _GYM_NOT_FOUND = ("NamespaceNotFound", "NameNotFound", "DependencyNotInstalled")
+#: How to get a gymnasium environment that is not registered on the cluster.
+_GYM_HOW = "(Atari: pip install 'gymnasium[atari]'; a custom environment: register it where it is made)"
 
 
 def missing_package(failure: RemoteFailure, where: str) -> str:
@@ -189,10 +191,7 @@ def missing_package(failure: RemoteFailure, where: str) -> str:
             pip = _PIP_NAMES.get(top, top)
             return f"`{top}` is not installed on the cluster{place}: install it in its Python (pip install {pip})"
     if failure.type_name in _GYM_NOT_FOUND and failure.module.startswith("gymnasium"):
-        return (
-            "the environment is not registered on the cluster: its package is missing there or not imported "
-            "(Atari: pip install 'gymnasium[atari]'; a custom environment: register it in the cell that uses it)"
-        )
+        return f"the environment is not registered on the cluster: its package is missing or not imported {_GYM_HOW}"
     return ""
 
 
@@ -212,8 +211,7 @@ def cause_in_output(stderr: str) -> str:
         return ""
     return (
         f"the environment could not be made on the cluster: {match.group(1).strip()}; its package is missing "
-        "there or not imported (Atari: pip install 'gymnasium[atari]'; a custom environment: register it "
-        "where the env runners import it)"
+        f"there or not imported {_GYM_HOW}"
     )
 
 

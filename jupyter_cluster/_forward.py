@@ -145,27 +145,17 @@ class PortForward:
     # ---------------------------------------------------------------- probing
     def probe(self) -> str | None:
         """Why nothing answers on the head's port now, or None when something listens."""
-        if self._opener is None:
-            if _listening(self.remote_port):
-                return None
-            return _why(ConnectionRefusedError(), self.where, self.remote_port)
+        opener = self._opener or _local_opener  # the embedded cluster's port is this machine's
 
         async def check() -> str | None:
-            assert self._opener is not None
             try:
-                _, writer = await asyncio.wait_for(self._opener(self.remote_port), 30)
+                _, writer = await asyncio.wait_for(opener(self.remote_port), 30)
             except Exception as exc:
                 return _why(exc, self.where, self.remote_port)
             writer.close()
             return None
 
         return _LoopThread.get().run(check()).result(40)
-
-
-def _listening(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 5):
-        return True
-    return False
 
 
 async def _pump(reader: Any, writer: Any) -> None:

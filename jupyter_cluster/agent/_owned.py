@@ -107,14 +107,13 @@ def stop_started(driver_ns: dict[str, Any], own_classes: frozenset[str] = OWN_CL
             serve.shutdown()
         except Exception as exc:
             stopped["errors"].append(f"serve.shutdown(): {exc}")
-    named = _named()
-    for actor in started(own_classes)["actors"]:
+    for actor in before["actors"]:
         name = actor["name"]
         if not name:
             continue
         try:
-            ray.kill(ray.get_actor(name, namespace=named.get(name)), no_restart=True)
-        except ValueError:  # gone meanwhile
+            ray.kill(ray.get_actor(name, namespace=actor["namespace"]), no_restart=True)
+        except ValueError:  # gone meanwhile (Serve's own actors, with serve.shutdown())
             continue
         except Exception as exc:
             stopped["errors"].append(f"actor {name}: {exc}")
