@@ -57,7 +57,11 @@ class Client:
                 and msg["msg_type"] == "status"
                 and msg["content"]["execution_state"] == "idle"
             )
-        reply = self.client.get_shell_msg(timeout=timeout)["content"]
+        while True:  # past any kernel_info reply that start_new_kernel's wait left behind
+            shell = self.client.get_shell_msg(timeout=timeout)
+            if shell["parent_header"].get("msg_id") == msg_id:
+                break
+        reply = shell["content"]
         return {"reply": reply, "seconds": time.perf_counter() - start, "messages": messages}
 
     def ok(self, code: str, timeout: float = 300) -> list[dict[str, Any]]:

@@ -44,8 +44,17 @@ class Kernel:
                 and msg["content"]["execution_state"] == "idle"
             ):
                 break
-        reply = self.kc.get_shell_msg(timeout=timeout)
-        return reply["content"], messages
+        return self.reply_to(msg_id, timeout), messages
+
+    def reply_to(self, msg_id: str, timeout: float = 120) -> dict[str, Any]:
+        """The content of the shell reply to request ``msg_id``. Other replies are passed
+        over: ``wait_for_ready`` sends a ``kernel_info_request`` each second until one is
+        answered, so a kernel slow to start leaves extra replies in the shell channel."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return dict(reply["content"])
 
     def ok(self, code: str, timeout: float = 120) -> list[Any]:
         """Run ``code``, which must succeed; return its messages."""

@@ -72,6 +72,7 @@ def test_up_with_a_worker_that_cannot_reach_the_head(ssh_hosts: Any) -> None:
     head, worker = ssh_hosts.head, ssh_hosts.worker
     block = ["ip", "netns", "exec", worker.netns, "ip", "route", "add", "blackhole", f"{head.host}/32"]
     subprocess.run(block, check=True)
+
     # Only Ray processes of these hosts (their address is on their command lines): other tests'
     # clusters start and stop workers meanwhile.
     def ours() -> set[str]:

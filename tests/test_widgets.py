@@ -298,7 +298,7 @@ def test_a_failing_or_interrupted_map_ends_its_bar_so(kernel: Kernel) -> None:
             finals.append(msg["content"]["data"]["text/plain"])
         if msg["parent_header"].get("msg_id") == msg_id and msg["content"].get("execution_state") == "idle":
             break
-    kernel.kc.get_shell_msg(timeout=30)
+    kernel.reply_to(msg_id, timeout=30)
     assert finals and "cancelled after" in finals[-1] and "interrupted" in finals[-1], finals
 
 
