@@ -180,14 +180,17 @@ class RemoteCell:
                 listener(event, data)
             self._listeners.append(listener)
 
-    def events(self, poll: float = 0.1) -> Iterator[tuple[str, Any]]:
-        """Yield ``(event, data)`` in the calling thread until the cell is finished."""
+    def events(self, poll: float = 0.1, until: Callable[[], bool] | None = None) -> Iterator[tuple[str, Any]]:
+        """Yield ``(event, data)`` in the calling thread until the cell is finished (or,
+        checked while no event comes, until ``until()`` is true)."""
         self.foreground = True
         while True:
             try:
                 event = self._events.get(timeout=poll)
             except queue.Empty:
                 if self._future.done() and self._events.empty():
+                    return
+                if until is not None and until():
                     return
                 continue
             if event[0] == "finished":

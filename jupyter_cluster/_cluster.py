@@ -278,8 +278,14 @@ class Cluster:
             cell.progress = (0, len(items))
         self.cells[cell_id] = cell
         cell.add_done_callback(self._forget_cell)
-        tell("cell", cell)
-        self._link.request("run_cell", body, cell._on_event)
+        try:
+            self._link.request("run_cell", body, cell._on_event)
+            tell("cell", cell)
+        except KeyboardInterrupt:
+            # Interrupted while handing the cell over (the watchers can take a moment): it
+            # is on its way, and nobody will wait for it, so stop it there too.
+            cell.cancel()
+            raise
         return cell
 
     def _forget_cell(self, cell: RemoteCell) -> None:

@@ -441,12 +441,17 @@ class ClusterMagics(Magics):
             if link.state != "connected":
                 self._interrupted_while_down(cell, ns)
             cell.cancel()
-            try:
-                for event, data in cell.events():
+            try:  # until it stops, or until the link is found down (a silent link is found so late)
+                for event, data in cell.events(until=lambda: link.state != "connected"):
                     if event == "stream":
                         _write(data, bars)
             except KeyboardInterrupt:
                 pass
+            if not cell.done() and link.state != "connected":
+                raise CellInterrupted(
+                    f"stopped waiting: the link to {link.target} went down as {cell.label} was being cancelled; "
+                    f"the cancel goes through when the link is back (session {cell.cluster.session})"
+                ) from None
             error = cell.exception(0) if cell.done() else None
             if isinstance(error, CellInterrupted | RemoteError):
                 raise error from None  # says how it stopped (or why it could not)

@@ -283,3 +283,37 @@ def test_interrupting_while_the_link_is_down(
         cluster.down()
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
+
+
+def test_interrupting_as_the_link_goes_silent(
+    link_cutter: CuttableLink, sshd_server: SSHServer, head: str, shell: Any
+) -> None:
+    """An interrupt that comes while the link still counts as up, though it has gone silent: the cancel is sent
+    into the silence, and the wait for the cell to stop ends once the keepalive finds the link down (not when
+    the link is back); the cancel goes through then."""
+    assert link_cutter.known_hosts is not None
+    previous = jc.current()
+    cluster = _attach(link_cutter.host, link_cutter.port, sshd_server, head, link_cutter.known_hosts, keepalive=4)
+    thaw = threading.Timer(25, link_cutter.thaw)  # a wait that never ends without the link fails, not hangs
+    try:
+        threading.Timer(2, link_cutter.freeze).start()
+        threading.Timer(2.5, _thread.interrupt_main).start()
+        thaw.start()
+        started = time.monotonic()
+        outcome = shell.run_cell("%%remote\nimport time\nfor i in range(40):\n    time.sleep(0.5)\ndone = 'yes'")
+        waited = time.monotonic() - started
+        assert isinstance(outcome.error_in_exec, KeyboardInterrupt)
+        assert "went down as" in str(outcome.error_in_exec) and cluster.session in str(outcome.error_in_exec)
+        assert waited < 15, f"the interrupted wait took {waited:.1f} s with keepalive=4"
+        (cell,) = [c for c in list(cluster.cells.values()) if "done = 'yes'" in c.spec.source]
+        assert not cell.done()
+        link_cutter.thaw()
+        assert isinstance(cell.exception(60), KeyboardInterrupt), "the cancel sent into the silence was lost"
+        assert "done" not in shell.user_ns
+        assert not cluster.status().data["cells"], "a cell is still running on the cluster"  # type: ignore[index]
+    finally:
+        thaw.cancel()
+        link_cutter.thaw()
+        cluster.down()
+        if previous is not None and previous.alive:
+            jc._cluster.attach(previous)

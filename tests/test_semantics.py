@@ -202,6 +202,56 @@ def test_keyboard_interrupt_in_the_magic_cancels(shell: Any, cluster: jc.Cluster
     assert not cluster.status().data["cells"]
 
 
+def test_an_interrupt_while_the_cell_is_handed_over_cancels_it(cluster: jc.Cluster, tmp_marker: str) -> None:
+    """The cell is sent, then the watchers (the sidebar) hear of it: an interrupt there stops the cell, which
+    nobody would otherwise wait for."""
+    from jupyter_cluster import _cluster
+
+    sent: list[Any] = []
+
+    def interrupting(kind: str, data: Any) -> None:
+        if kind == "cell":
+            sent.append(data)
+            raise KeyboardInterrupt
+
+    _cluster.watchers.append(interrupting)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cluster.run_cell(LOOP.format(path=tmp_marker))
+    finally:
+        _cluster.watchers.remove(interrupting)
+    (cell,) = sent
+    with pytest.raises(KeyboardInterrupt):
+        cell.result(30)
+    assert cell.status == "cancelled" and not cluster.status().data["cells"]
+    size = _size(tmp_marker)
+    time.sleep(0.5)
+    assert _size(tmp_marker) == size, "the remote loop kept running after the cancel"
+
+
+@pytest.mark.parametrize("mode", ["task", "actor", "driver"])
+def test_a_cell_cancelled_while_it_waits_for_its_input_never_runs(
+    cluster: jc.Cluster, tmp_marker: str, mode: str
+) -> None:
+    """A driver cell's outputs exist only once it ends, so a cell reading one waits on the agent, before
+    anything is submitted; cancelled then, it must not start when the input comes."""
+    upstream = cluster.run_cell("import time\ntime.sleep(3)\nx = 1", mode="driver", pending_handles=True)
+    reader = cluster.run_cell(
+        f"open({tmp_marker!r}, 'w').write('ran')\ny = x + 1",
+        namespace={"x": upstream.handles["x"]},
+        mode=mode,
+        actor="waiter" if mode == "actor" else None,
+    )
+    time.sleep(0.5)
+    assert not upstream.done()
+    reader.cancel()
+    with pytest.raises(KeyboardInterrupt):
+        reader.result(30)
+    assert upstream.result(30).outputs["x"] == 1
+    time.sleep(1)
+    assert not _size(tmp_marker), "the cancelled cell ran once its input came"
+
+
 def _size(path: str) -> int:
     try:
         with open(path) as f:

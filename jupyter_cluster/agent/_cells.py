@@ -90,6 +90,10 @@ class RunningCell:
     total_items: int = 1
 
 
+class CancelledBeforeStart(Exception):
+    """A cell cancelled while its inputs were being made ready: it is never submitted."""
+
+
 @dataclass
 class ActorRecord:
     handle: Any
@@ -176,6 +180,15 @@ class CellRunner:
                 raise CellRequestError(f"unknown input kind {kind!r} for `{name}`")
         return args
 
+    async def _inputs(self, cell: RunningCell, request: dict[str, Any]) -> list[Any]:
+        """The cell's arguments. A cell cancelled meanwhile (its inputs can wait for a
+        cell still running) raises :class:`CancelledBeforeStart`: nothing has started
+        that a cancel could stop, so it must not start now."""
+        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(cell.spec.sources))
+        if cell.cancelled:
+            raise CancelledBeforeStart
+        return args
+
     @staticmethod
     def _load_input(blob: Pickled, keep_pickled: bool) -> Any:
         value: Any = blob
@@ -209,16 +222,19 @@ class CellRunner:
             )
         failure: RemoteFailure | None = None
         try:
-            if mode == "task":
-                result = await self._run_task(cell, request)
-            elif mode == "actor":
-                result = await self._run_actor(cell, request)
-            elif mode == "driver":
-                result = await self._run_driver(cell, request)
-            elif mode == "map":
-                result = await self._run_map(cell, request)
-            else:
-                raise CellRequestError(f"unknown cell mode {mode!r}")
+            try:
+                if mode == "task":
+                    result = await self._run_task(cell, request)
+                elif mode == "actor":
+                    result = await self._run_actor(cell, request)
+                elif mode == "driver":
+                    result = await self._run_driver(cell, request)
+                elif mode == "map":
+                    result = await self._run_map(cell, request)
+                else:
+                    raise CellRequestError(f"unknown cell mode {mode!r}")
+            except CancelledBeforeStart:
+                result = {"outcome": CellOutcome(failure=_interrupted(cell.cancelled)), "handles": {}}
             outcome = result.get("outcome")
             failure = outcome.failure if outcome is not None else None
             if cell.cancelled:
@@ -311,7 +327,7 @@ class CellRunner:
     async def _run_task(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
         spec = cell.spec
         self.cluster.check_feasible(cell.options)
-        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(spec.sources))
+        args = await self._inputs(cell, request)
         remote = self._remote(run_cell_task, 1 + len(spec.outputs), task_options(cell.options))
         refs = remote.remote(self._spec_bytes(spec), *args)
         refs = refs if isinstance(refs, list) else [refs]
@@ -374,7 +390,7 @@ class CellRunner:
         cell.actor = cell.options["actor"]
         record = self.actor(cell.actor, cell.options)
         cell.where = record.where
-        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(spec.sources))
+        args = await self._inputs(cell, request)
         method = record.handle.run if not spec.outputs else record.handle.run.options(num_returns=1 + len(spec.outputs))
         refs = method.remote(self._spec_bytes(spec), *args)
         refs = refs if isinstance(refs, list) else [refs]
@@ -388,7 +404,7 @@ class CellRunner:
 
     async def _run_driver(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
         spec = cell.spec
-        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(spec.sources))
+        args = await self._inputs(cell, request)
 
         def sink(index: int, batch: list[tuple[str, Any]]) -> None:
             self.loop.call_soon_threadsafe(cell.emit, "stream", batch)
@@ -421,7 +437,7 @@ class CellRunner:
         spec = cell.spec
         items: list[Any] = request["items"].load()
         self.cluster.check_feasible(cell.options)
-        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(spec.sources))
+        args = await self._inputs(cell, request)
         # Tiny items are batched so that scheduling costs do not dominate; there are
         # still several chunks per CPU so that the cluster stays busy to the end.
         per_chunk = max(1, math.ceil(len(items) / (4 * self.cluster.cpus())), math.ceil(len(items) / 256))
