@@ -114,19 +114,22 @@ def test_a_failing_endpoint_keeps_its_values_marked_stale(node: tuple[type[_Node
 
 
 def test_a_node_yet_to_report_its_resources_has_the_gcs_capacity(node: tuple[type[_Node], int]) -> None:
-    """A raylet exports ``ray_resources`` only some seconds after it starts; until then the
-    store's capacity comes from the node table, not a 0 that draws an empty bar."""
+    """A raylet exports ``ray_resources`` only some seconds after it starts; until then its
+    CPUs, GPUs and store capacity come from the node table, not 0s that draw empty bars."""
     handler, port = node
     handler.body = b"\n".join(line for line in IDLE.split(b"\n") if not line.startswith(b"ray_resources"))
     listing = _listing(port, ["a"])
-    listing[0]["Resources"] = {"object_store_memory": 2.5e8, "CPU": 2.0}
+    listing[0]["Resources"] = {"object_store_memory": 2.5e8, "CPU": 3.0, "GPU": 1.0}
 
     async def scenario() -> None:
         sampler = MetricsSampler(asyncio.get_running_loop(), list_nodes=lambda: listing)
-        assert (await sampler.sample())["a"]["store_total"] == 2.5e8
-        handler.body = IDLE  # once reported, the metrics' own figure is used
-        reported = (await sampler.sample())["a"]["store_total"]
-        assert reported > 0 and reported != 2.5e8
+        early = (await sampler.sample())["a"]
+        assert early["store_total"] == 2.5e8
+        assert early["resources"]["CPU"] == (0.0, 3.0) and early["resources"]["GPU"] == (0.0, 1.0)
+        handler.body = IDLE  # once reported, the metrics' own figures are used
+        reported = (await sampler.sample())["a"]
+        assert reported["store_total"] > 0 and reported["store_total"] != 2.5e8
+        assert reported["resources"]["CPU"][1] != 3.0 and "GPU" not in reported["resources"]
         sampler.close()
 
     asyncio.run(scenario())

@@ -45,9 +45,10 @@ class Endpoint:
     address: str
     port: int
     head: bool = False
-    #: The node's object store capacity as the GCS knows it: a raylet reports its
-    #: ``ray_resources`` metrics only after a while, so a first scrape may lack them.
-    store_total: float = 0.0
+    #: The node's resources (CPU, GPU, object store...) as the GCS knows them, ``(name,
+    #: total)``: a raylet reports its ``ray_resources`` metrics only some seconds after it
+    #: starts, so a first scrape may lack them.
+    resources: tuple[tuple[str, float], ...] = ()
 
     @property
     def url(self) -> str:
@@ -205,8 +206,9 @@ class MetricsSampler:
                 if node.get("Alive") and port:
                     resources = node.get("Resources", {})
                     head = "node:__internal_head__" in resources
-                    store = float(resources.get("object_store_memory", 0.0))
-                    found[node["NodeID"]] = Endpoint(node["NodeID"], node["NodeManagerAddress"], int(port), head, store)
+                    totals = tuple((str(name), float(total)) for name, total in resources.items())
+                    address = node["NodeManagerAddress"]
+                    found[node["NodeID"]] = Endpoint(node["NodeID"], address, int(port), head, totals)
             self._endpoints = found
         return {**self._endpoints, **self._extra}
 
@@ -227,8 +229,9 @@ class MetricsSampler:
                 sample = dict(self.nodes.get(node_id) or {"store": {}, "gpus": {}, "tasks": {}, "actors": {}})
                 sample["stale"] = _why(exc)
             sample.update(address=endpoint.address, head=endpoint.head)
-            if not sample.get("store_total"):
-                sample["store_total"] = endpoint.store_total
+            if endpoint.resources and not sample.get("resources"):  # not reported yet: the GCS's totals
+                sample["resources"] = {name: (0.0, total) for name, total in endpoint.resources}
+                sample["store_total"] = dict(endpoint.resources).get("object_store_memory", 0.0)
             nodes[node_id] = sample
         self.nodes = nodes
         for node_id in set(self._parsed) - set(nodes):
