@@ -114,6 +114,7 @@ class RemoteCell:
         self._history: list[tuple[str, Any]] = []
         self._lock = threading.Lock()
         self._settle_callbacks: list[Callable[[RemoteCell], None]] = []
+        self._settled = False
         #: How the cell ended, once it has: its failure, or its result.
         self.error: BaseException | None = None
         self.final: CellResult | None = None
@@ -163,15 +164,26 @@ class RemoteCell:
 
     def on_settle(self, callback: Callable[[RemoteCell], None]) -> None:
         """Call ``callback(cell)`` when the cell ends, before its pending handles resolve
-        (or fail) and before ``result()`` returns: whoever waits on them sees what it did."""
-        self._settle_callbacks.append(callback)
+        (or fail) and before ``result()`` returns: whoever waits on them sees what it did.
+        A cell that has ended already (a quick one) calls it at once."""
+        with self._lock:
+            if not self._settled:
+                self._settle_callbacks.append(callback)
+                return
+        self._call_settle(callback)
 
     def _settle(self) -> None:
-        for callback in self._settle_callbacks:
-            try:
-                callback(self)
-            except Exception:
-                log.exception("a settle callback of %s failed", self.label)
+        with self._lock:
+            self._settled = True
+            callbacks, self._settle_callbacks = self._settle_callbacks, []
+        for callback in callbacks:
+            self._call_settle(callback)
+
+    def _call_settle(self, callback: Callable[[RemoteCell], None]) -> None:
+        try:
+            callback(self)
+        except Exception:
+            log.exception("a settle callback of %s failed", self.label)
 
     def subscribe(self, listener: Callable[[str, Any], None]) -> None:
         """Call ``listener(event, data)`` for every event, those already past first."""

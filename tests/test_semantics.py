@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import types
 from typing import Any
 
 import numpy as np
@@ -290,6 +291,27 @@ def test_async_outputs_chain_as_ray_dependencies(shell: Any) -> None:
     while isinstance(shell.user_ns["a"], jc.ObjectHandle) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert shell.user_ns["a"] == 20, "a finished --async output resolves in place"
+
+
+def test_a_quick_async_cell_binds_its_names_even_if_it_ends_before_its_area_is_shown(
+    shell: Any, monkeypatch: Any
+) -> None:
+    """The cell is submitted before its output area is drawn; on a busy kernel it can end first. Its names
+    must still become their values (a module stays a module), not handles left standing."""
+    from jupyter_cluster import _magics
+
+    drawn = _magics._CellArea.__init__
+
+    def slow_area(self: Any, cell: Any) -> None:
+        cell.result(30)  # the cell has ended before its area exists
+        drawn(self, cell)
+
+    monkeypatch.setattr(_magics._CellArea, "__init__", slow_area)
+    assert remote(shell, "import graphlib as gl_quick\nready_quick = 1", "--async").success
+    assert shell.user_ns["ready_quick"] == 1
+    assert isinstance(shell.user_ns["gl_quick"], types.ModuleType)
+    result = remote(shell, "tuple(gl_quick.TopologicalSorter({'b': {'a'}}).static_order())")
+    assert result.success and result.result == ("a", "b"), result.error_in_exec
 
 
 def test_async_failure_marks_its_handles(shell: Any) -> None:
