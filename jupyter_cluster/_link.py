@@ -264,6 +264,8 @@ class AgentLink:
         for request in list(self.pending.values()):
             out.write(request.frame)
         self._set_state("connected")
+        if self.down_since is not None:  # back; nothing was awaited since the reader was made,
+            self._back()  # so the cells hear it before what arrived meanwhile
         return self.welcome
 
     def _heard(self) -> None:
@@ -343,15 +345,25 @@ class AgentLink:
                     await asyncio.sleep(min(delay, left))  # the last attempt comes at the deadline
                     delay = min(delay * 2, MAX_BACKOFF)
                 else:
-                    if self._writer is None:
-                        continue  # the new connection ended at once: go on trying
-                    after = time.time() - self.down_since
-                    log.warning("reconnected to the agent after %.1f s", after)
-                    self._notify("link", {"state": "reconnected", "after": after, "attempts": self.attempts})
-                    self.down_since = None
+                    if self._writer is None:  # the new connection ended at once: down again, go on trying
+                        self._set_state("reconnecting")
+                        self.down_since = time.time()
+                        self._notify(
+                            "link",
+                            {"state": "lost", "at": self.down_since, "reason": self.last_error, "target": self.target},
+                        )
+                        continue
                     return
         finally:
             self._reconnecting = None
+
+    def _back(self) -> None:
+        """Say that the link is back (from :meth:`_connect`, before the reader starts: a cell
+        that ended during the outage hears it before its replayed end)."""
+        after = time.time() - (self.down_since or time.time())
+        log.warning("reconnected to the agent after %.1f s", after)
+        self.down_since = None
+        self._notify("link", {"state": "reconnected", "after": after, "attempts": self.attempts})
 
     @property
     def target(self) -> str:

@@ -129,6 +129,29 @@ def test_a_reset_link_reconnects_and_loses_nothing(
         cluster.down()
 
 
+def test_a_cell_that_ends_during_the_outage_still_hears_the_link_come_back(
+    link_cutter: CuttableLink, sshd_server: SSHServer, head: str
+) -> None:
+    """Its end and last lines are replayed after the reconnect; "reconnected" must come first (the notebook
+    showed "lost… reconnecting…" and nothing after it)."""
+    assert link_cutter.known_hosts is not None
+    cluster = _attach(link_cutter.host, link_cutter.port, sshd_server, head, link_cutter.known_hosts)
+    try:
+        cell = cluster.run_cell("import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = 8")
+        time.sleep(1.5)
+        link_cutter.cut()
+        time.sleep(8)  # the cell ends on the cluster meanwhile
+        assert not cell.done()
+        link_cutter.restore()
+        assert cell.result(60).outputs["n"] == 8
+        assert cell.stdout.split() == [str(i) for i in range(8)], "a line was lost or repeated"
+        events = [e if e != "link" else d["state"] for e, d in cell._history if e in ("link", "done")]
+        assert events == ["lost", "reconnected", "done"], events
+    finally:
+        link_cutter.restore()
+        cluster.down()
+
+
 def test_a_cleanly_closed_link_reconnects(ssh_keys: SSHKeys, tmp_path: Path, head: str) -> None:
     """sshd stopped, its per-connection processes ended (FIN, not RST), started again 45 s later on the same port."""
     server = SSHServer(ssh_keys, tmp_path / "sshd").start()

@@ -274,18 +274,30 @@ def test_infeasible_request_fails_at_once_naming_the_cluster(shell: Any) -> None
 
 
 # 8. Pending handles chain -----------------------------------------------------------
-def test_async_outputs_chain_as_ray_dependencies(shell: Any) -> None:
-    start = time.monotonic()
-    assert remote(shell, "import time\ntime.sleep(1.5)\na = 20", "--async").success
-    assert remote(shell, "import time\ntime.sleep(1.5)\nb = 22", "--async").success
-    assert time.monotonic() - start < 1.5, "--async must not block the notebook"
+def test_async_outputs_chain_as_ray_dependencies(shell: Any, tmp_path: Any) -> None:
+    """Two --async cells run at once (each waits for a file the test makes only once both are running), and a
+    third reads both their outputs while they are pending: Ray orders it after them."""
+    import os
+
+    os.chmod(tmp_path, 0o777)
+    go, started = tmp_path / "go", tmp_path / "started"
+    wait = (
+        f"import os, time\nopen({str(started)!r} + '-' + {{name!r}}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"
+    )
+    assert remote(shell, wait.format(name="a") + "a = 20", "--async").success
+    assert remote(shell, wait.format(name="b") + "b = 22", "--async").success
     pending = shell.user_ns["a"]
-    assert isinstance(pending, jc.ObjectHandle) and pending.pending
+    assert isinstance(pending, jc.ObjectHandle) and pending.pending, "--async must not wait for the cell"
     assert "pending" in repr(pending)
     assert remote(shell, "c = a + b", "--async").success
-    c = shell.user_ns["c"]
-    assert jc.get(c) == 42
-    assert time.monotonic() - start < 4.5, "the two sleeps must overlap"
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(f"{started}-{n}") for n in "ab") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(os.path.exists(f"{started}-{n}") for n in "ab"), "the two cells never ran at the same time"
+    assert shell.user_ns["c"].pending, "the reader ran before its inputs were made"
+    go.touch()
+    assert jc.get(shell.user_ns["c"]) == 42
     pending.wait(10)
     deadline = time.monotonic() + 5
     while isinstance(shell.user_ns["a"], jc.ObjectHandle) and time.monotonic() < deadline:
