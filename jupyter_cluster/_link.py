@@ -317,12 +317,10 @@ class AgentLink:
             out.write(Frame({"type": "ping", "t": time.monotonic()}))
 
     async def _reconnect(self, reason: str) -> None:
-        self._set_state("reconnecting")
-        self.down_since = time.time()
         self.attempts = 0
         self.last_error = reason
         log.warning("lost the link to the agent (%s); reconnecting", reason)
-        self._notify("link", {"state": "lost", "at": self.down_since, "reason": reason, "target": self.target})
+        self._down(reason)
         deadline = time.monotonic() + self.reconnect_for
         delay = 0.1
         try:
@@ -346,16 +344,17 @@ class AgentLink:
                     delay = min(delay * 2, MAX_BACKOFF)
                 else:
                     if self._writer is None:  # the new connection ended at once: down again, go on trying
-                        self._set_state("reconnecting")
-                        self.down_since = time.time()
-                        self._notify(
-                            "link",
-                            {"state": "lost", "at": self.down_since, "reason": self.last_error, "target": self.target},
-                        )
+                        self._down(self.last_error)
                         continue
                     return
         finally:
             self._reconnecting = None
+
+    def _down(self, reason: str) -> None:
+        """Say that the link is down (the cells show it in their output)."""
+        self._set_state("reconnecting")
+        self.down_since = time.time()
+        self._notify("link", {"state": "lost", "at": self.down_since, "reason": reason, "target": self.target})
 
     def _back(self) -> None:
         """Say that the link is back (from :meth:`_connect`, before the reader starts: a cell
