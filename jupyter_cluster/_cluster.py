@@ -110,6 +110,8 @@ class Cluster:
         self.started: Any = None
         #: The cluster YAML Ray's cluster launcher started this cluster from (``jc.up(config=...)``).
         self.launcher: str | None = None
+        #: Whether ``ray up`` ran here for it (``down`` runs ``ray down``), or it was found running.
+        self.launched_here = True
         #: The metrics the dashboards draw (a :class:`._feed.MetricsFeed`, made by the first).
         self._metrics_feed: Any = None
         #: ``jc.map`` calls whose progress bar still runs: their handle ids, and their watch.
@@ -636,9 +638,13 @@ class Cluster:
         link = self.link
         forwards = [f.describe() for f in self.forwards]
         if link["state"] != "connected":
-            return ClusterStatus(None, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher)
+            return ClusterStatus(
+                None, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher, self.launched_here
+            )
         data = self._link.call("status")
-        return ClusterStatus(data, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher)
+        return ClusterStatus(
+            data, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher, self.launched_here
+        )
 
     def cancel_all(self) -> None:
         for cell in list(self.cells.values()):
@@ -673,10 +679,16 @@ class Cluster:
         self._link.close()
         if self._agent is not None:
             self._agent.stop()
-        for stop in reversed(self.stoppers):
-            stop()
-        self.stoppers.clear()
+        stoppers, self.stoppers = list(reversed(self.stoppers)), []
         _forget(self)
+        failed: BaseException | None = None
+        for stop in stoppers:  # each one, even after one failed; the first failure is raised (it says what is left)
+            try:
+                stop()
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 def _show_progress(progress: bool | None, count: int) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 from ._cluster import Cluster, _detached, attach
 from ._errors import ClusterConnectionError
 from ._link import DEFAULT_KEEPALIVE, AgentLink, _LoopThread
-from ._ssh import HeadError, RemoteHead, SSHTarget, SSHTransport, open_ssh
+from ._ssh import HeadError, NoRayError, RemoteHead, SSHTarget, SSHTransport, open_ssh
 
 DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
 log = logging.getLogger("jupyter_cluster")
@@ -175,7 +175,7 @@ async def _bring_up(
             if state.get("need") != "ray":
                 break
             if not start_head or started is not None:
-                raise HeadError(
+                raise NoRayError(
                     f"no Ray is running on {target.host}: start it there (`ray start --head`), "
                     "or connect with --start-head (or use `%cluster up`)."
                 )
@@ -215,8 +215,9 @@ def _ray_token(ray_token_file: str | None) -> str | None:
 
 
 def connect(
-    target: str,
+    target: str | None = None,
     *,
+    config: str | os.PathLike[str] | None = None,
     identity: str | None = None,
     python: str | None = None,
     known_hosts: str | None = None,
@@ -236,6 +237,11 @@ def connect(
 
     Parameters
     ----------
+    config
+        A cluster YAML of Ray's cluster launcher, instead of ``target``: attach to that
+        cluster's running head (``ray get-head-ip`` on this machine) as the YAML's
+        ``auth.ssh_user``, with its ``auth.ssh_private_key`` unless ``identity`` is given.
+        Nothing is started: no ``ray up``; ``down`` detaches and leaves the cluster up.
     identity, known_hosts
         A private key file; a known_hosts file, or ``"none"`` to skip the host key check.
     python
@@ -268,7 +274,32 @@ def connect(
     Examples
     --------
     >>> cluster = jc.connect("alice@head.example", start_head=True)  # doctest: +SKIP
+    >>> cluster = jc.connect(config="cluster.yaml")  # doctest: +SKIP
     """
+    if config is not None:
+        if target is not None:
+            raise ValueError("give a head to connect to, or a cluster YAML as config=, not both")
+        if start_head or session or address:
+            raise ValueError(
+                "config= attaches to the launcher's running head: start_head, session and address "
+                "are for a head named directly"
+            )
+        from ._launcher import attach_config
+
+        return attach_config(
+            config,
+            identity=identity,
+            python=python,
+            known_hosts=known_hosts,
+            reconnect_for=reconnect_for,
+            keepalive=keepalive,
+            idle_timeout=idle_timeout,
+            ray_token_file=ray_token_file,
+            on_interrupt=on_interrupt,
+            ship=ship,
+        )
+    if target is None:
+        raise ValueError("connect needs a head ([user@]host[:port]), or a cluster YAML of Ray's launcher: config=")
     if ship not in ("auto", "always"):
         raise ValueError("ship must be 'auto' or 'always'")
     if on_interrupt not in ("cancel", "keep"):
@@ -328,6 +359,7 @@ def up(
     port: int = 6379,
     reconnect_for: float = 600.0,
     keepalive: float = DEFAULT_KEEPALIVE,
+    restart: bool = False,
 ) -> Cluster:
     """Start Ray on ``head`` and each of ``workers`` over SSH, or with Ray's own cluster
     launcher from the cluster YAML ``config``; then attach to it.
@@ -351,6 +383,13 @@ def up(
         connect does (``~/.ssh/known_hosts``): pass ``known_hosts`` (a file, or
         ``"none"`` to skip the check as ``ray up`` does, for throwaway machines). If the
         attach fails, the cluster keeps running; the error says how to stop it.
+        A cluster whose head already runs Ray (another notebook's, or this one's before
+        a kernel restart) is attached to as it is, without ``ray up`` (which restarts
+        Ray on every node, stopping all that runs there), and this is said; ``down``
+        then detaches and leaves it up.
+    restart
+        With ``config``: run ``ray up`` even when the head already runs Ray, restarting
+        Ray on every node (what runs there stops; this is said first).
     identity, python, known_hosts, reconnect_for, keepalive
         As for :func:`connect`.
     port
@@ -376,12 +415,15 @@ def up(
 
         return launch(
             config,
+            restart=restart,
             identity=identity,
             python=python,
             known_hosts=known_hosts,
             reconnect_for=reconnect_for,
             keepalive=keepalive,
         )
+    if restart:
+        raise ValueError("restart= is for a cluster YAML (config=): `ray up` restarts a running cluster only there")
     if head is None:
         raise ValueError("up needs a head to start Ray on (and workers), or a cluster YAML for Ray's launcher: config=")
     options = {"identity": identity, "known_hosts": known_hosts, "python": python}

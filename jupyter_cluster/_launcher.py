@@ -17,16 +17,21 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ClusterError
+from ._errors import ClusterConnectionError, ClusterError
 
 if TYPE_CHECKING:
     from ._cluster import Cluster
 
-#: Seconds ``ray down`` and ``ray get-head-ip`` may take (``ray up`` runs until done or interrupted).
+#: Seconds ``ray down`` may take in all; and without a step forward (a line of output it has not said before: its
+#: teardown loop says "2 nodes remaining" over again while nodes do not go), after which it is stopped and the
+#: nodes it could not stop are named.
 DOWN_TIMEOUT = 600.0
+DOWN_STALL = 40.0
+#: Seconds ``ray get-head-ip`` and ``ray get-worker-ips`` may take (``ray up`` runs until done or interrupted).
 HEAD_IP_TIMEOUT = 120.0
 #: The longest error message made from Ray's output.
 MESSAGE_CHARS = 1200
@@ -42,6 +47,8 @@ _FAILED = re.compile(r"error|fail|panic|exception|denied|refused|no such|not fou
 _STEP = re.compile(r"^\[\d+/\d+\] ")
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+)')
 _ERROR_LEVELS = ("ERR", "ERROR", "PANIC", "CRITICAL")
+#: What ``ray down`` logs when its ``ray stop`` on the head failed (it then goes on, and may exit 0).
+_STOP_FAILED = "Exception occurred when stopping the cluster Ray runtime"
 
 
 class LauncherError(ClusterError):
@@ -218,11 +225,22 @@ def trimmed(lines: list[str], chars: int = MESSAGE_CHARS) -> str:
     return text
 
 
+@dataclass
+class _Run:
+    """How one launcher command ended: its exit status and output lines, and why it was stopped, if it was."""
+
+    code: int
+    lines: list[str]
+    stopped: str | None = None
+
+
 def _stream(
-    argv: list[str], config: LaunchConfig, *, echo: bool, timeout: float | None = None
-) -> tuple[int, list[str]]:
-    """Run ``argv``; return its exit status and output lines (stdout and stderr), echoed
-    here as they come when ``echo``. Interrupting (or ``timeout``) stops it."""
+    argv: list[str], config: LaunchConfig, *, echo: bool, timeout: float | None = None, stall: float | None = None
+) -> _Run:
+    """Run ``argv``; return how it ended, with its output lines (stdout and stderr), echoed
+    here as they come when ``echo``. Interrupting stops it; so does ``timeout`` (seconds in
+    all), and ``stall``: seconds without a step forward (a line not said before: Ray's
+    teardown loop, waiting on nodes that do not go, says the same lines over again)."""
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -233,21 +251,34 @@ def _stream(
         env=launcher_env(config),
         cwd=config.cwd,
     )
-    expired = threading.Event()
+    started = last_step = time.monotonic()
+    stopped: list[str] = []
+    done = threading.Event()
 
-    def expire() -> None:
-        expired.set()
-        proc.kill()
+    def watch() -> None:  # a thread of its own: the reading below blocks on the pipe
+        while not done.wait(0.5):
+            now = time.monotonic()
+            if timeout is not None and now - started > timeout:
+                stopped.append(f"no end after {timeout:.0f} s")
+            elif stall is not None and now - last_step > stall:
+                stopped.append(f"no step forward in {stall:.0f} s")
+            else:
+                continue
+            proc.kill()
+            return
 
-    timer = threading.Timer(timeout, expire) if timeout else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
+    watcher = threading.Thread(target=watch, name="jupyter_cluster-launcher-watch", daemon=True)
+    watcher.start()
     lines: list[str] = []
+    seen: set[str] = set()  # each line as said before, less its time stamp: a loop repeats them
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
+            said = _PREFIX.sub("", _ANSI.sub("", line)).strip()
+            if said not in seen:
+                seen.add(said)
+                last_step = time.monotonic()
             if echo:
                 sys.stdout.write(line)
                 sys.stdout.flush()
@@ -260,25 +291,22 @@ def _stream(
             proc.kill()
         raise
     finally:
-        if timer is not None:
-            timer.cancel()
-    if expired.is_set():
-        lines.append(f"(stopped: no end after {timeout:.0f} s)")
-    return code, lines
+        done.set()
+    return _Run(code, lines, stopped[0] if stopped else None)
 
 
 def ray_up(config: LaunchConfig, ray: str) -> None:
     """``ray up -y --no-config-cache`` the YAML; its output is echoed as it comes."""
-    code, lines = _stream([ray, "up", "-y", "--no-config-cache", config.path], config, echo=True)
-    if code != 0:
-        raise LauncherError(f"`ray up {config.path}` failed (exit status {code}):\n{trimmed(lines)}")
+    run = _stream([ray, "up", "-y", "--no-config-cache", config.path], config, echo=True)
+    if run.code != 0:
+        raise LauncherError(f"`ray up {config.path}` failed (exit status {run.code}):\n{trimmed(run.lines)}")
 
 
-def head_ip(config: LaunchConfig, ray: str) -> str:
-    """The head's address as Ray's launcher knows it (``ray get-head-ip``)."""
+def _ask(config: LaunchConfig, ray: str, command: str) -> subprocess.CompletedProcess[str]:
+    """Run ``ray COMMAND`` on the YAML here (a question to the launcher, answered from its state or the cloud)."""
     try:
-        done = subprocess.run(
-            [ray, "get-head-ip", config.path],
+        return subprocess.run(
+            [ray, command, config.path],
             capture_output=True,
             text=True,
             errors="replace",
@@ -287,7 +315,12 @@ def head_ip(config: LaunchConfig, ray: str) -> str:
             timeout=HEAD_IP_TIMEOUT,
         )
     except subprocess.TimeoutExpired:
-        raise LauncherError(f"`ray get-head-ip {config.path}` gave no answer in {HEAD_IP_TIMEOUT:.0f} s") from None
+        raise LauncherError(f"`ray {command} {config.path}` gave no answer in {HEAD_IP_TIMEOUT:.0f} s") from None
+
+
+def head_ip(config: LaunchConfig, ray: str) -> str:
+    """The head's address as Ray's launcher knows it (``ray get-head-ip``)."""
+    done = _ask(config, ray, "get-head-ip")
     answer = done.stdout.strip().splitlines()
     address = answer[-1].strip() if answer else ""
     if done.returncode != 0 or not address or " " in address:
@@ -296,42 +329,173 @@ def head_ip(config: LaunchConfig, ray: str) -> str:
     return address
 
 
-def ray_down(config: LaunchConfig, ray: str) -> None:
-    """``ray down -y`` the YAML (``Cluster.down`` runs it); its output is echoed."""
-    argv = [ray, "down", "-y", config.path]
-    code, lines = _stream(argv, config, echo=True, timeout=DOWN_TIMEOUT)
-    if code != 0:
-        raise LauncherError(f"`ray down {config.path}` failed (exit status {code}):\n{trimmed(lines)}")
+def _nodes_left(config: LaunchConfig, ray: str) -> list[str]:
+    """The nodes Ray's launcher still counts as up (``ray get-head-ip``, ``ray get-worker-ips``), named for a
+    message; empty when it says none or cannot tell."""
+    named = []
+    for command, kind in (("get-head-ip", "head"), ("get-worker-ips", "worker")):
+        try:
+            done = _ask(config, ray, command)
+        except LauncherError:
+            continue
+        if done.returncode == 0:
+            named += [f"{kind} {line.strip()}" for line in done.stdout.splitlines() if re.fullmatch(r"[\w.:-]+", line)]
+    return named
 
 
-def launch(config: str | os.PathLike[str], **attach: Any) -> Cluster:
+def _stop_failure(lines: list[str]) -> str | None:
+    """Why ``ray down``'s own ``ray stop`` on the head failed, from its output (what the shell said just before
+    Ray's warning), or None when it did not fail."""
+    plain = [text for _, text in plain_lines(lines)]
+    for i, text in enumerate(plain):
+        if text.startswith(_STOP_FAILED):
+            said = [t for t in plain[max(0, i - 4) : i] if _FAILED.search(t) and not t.startswith("Ignoring")]
+            return said[-1] if said else "(Ray's launcher gave no reason)"
+    return None
+
+
+def ray_down(config: LaunchConfig, ray: str, head: str | None = None) -> None:
+    """``ray down -y`` the YAML (``Cluster.down`` runs it); its output is echoed as it comes.
+
+    It never waits in silence: stopped once it goes :data:`DOWN_STALL` seconds without a
+    step forward (Ray's teardown loop waiting on nodes that do not go), with an error
+    naming the nodes left and what to run. A ``ray stop`` on the head that failed (Ray
+    only warns, and goes on) is an error too: Ray may still run there. ``head``: the
+    head's ``user@host``, for the ``ssh`` line of the message.
+    """
+    run = _stream([ray, "down", "-y", config.path], config, echo=True, timeout=DOWN_TIMEOUT, stall=DOWN_STALL)
+    stop_failed = _stop_failure(run.lines)
+    login = head or "USER@HEAD"
+    again = f"ray down -y {config.path}"
+    if run.stopped is not None:
+        left = _nodes_left(config, ray)
+        raise LauncherError(
+            f"`ray down {config.path}` was stopped ({run.stopped}): it could not shut down "
+            f"{', '.join(left) if left else 'every node'}."
+            + (f" Its `ray stop` on the head failed: {stop_failed}." if stop_failed else "")
+            + f" The cluster may be half-stopped: run `ray stop` on each node named (`ssh {login} ray stop` for the "
+            f"head), then `{again}` here. Ray's last lines:\n{trimmed(run.lines)}"
+        )
+    if run.code != 0:
+        raise LauncherError(f"`ray down {config.path}` failed (exit status {run.code}):\n{trimmed(run.lines)}")
+    if stop_failed is not None:
+        raise LauncherError(
+            f"`ray down {config.path}` marked the nodes down, but its `ray stop` on the head failed ({stop_failed}): "
+            f"Ray may still run there. Run it yourself: `ssh {login} ray stop` (Ray's launcher runs it in the head's "
+            "login shell, `bash --login -i`, where `ray` must be on PATH)."
+        )
+
+
+def _found_running(conf: LaunchConfig, ray: str, attach: dict[str, Any]) -> Cluster | None:
+    """Attach to the head of ``conf`` if Ray runs there; None when the launcher knows no head, or when it answers
+    and runs no Ray, or cannot be reached (``ray up`` then has a cluster to start). A head that refuses the login
+    or whose host key is unknown is an error: ``ray up`` would start or restart it blind."""
+    from ._connect import connect
+    from ._ssh import HostKeyError, NoRayError, SSHAuthError
+
+    try:
+        address = head_ip(conf, ray)
+    except LauncherError:
+        return None
+    target = f"{conf.ssh_user}@{address}"
+    try:
+        return connect(target, **attach)
+    except NoRayError:
+        return None
+    except (HostKeyError, SSHAuthError) as exc:
+        raise LauncherError(
+            f"the head of {conf.path}, {target}, may already run Ray, and it could not be checked: {exc}\n"
+            f"Nothing was started or restarted. Fix that and run this again."
+        ) from exc
+    except ClusterConnectionError as exc:
+        if isinstance(exc, LauncherError) or "cannot reach" not in str(exc):
+            raise
+        return None
+
+
+def _attach(conf: LaunchConfig, ray: str, attach: dict[str, Any], *, started: bool) -> Cluster:
+    from ._connect import connect
+
+    address = head_ip(conf, ray)
+    target = f"{conf.ssh_user}@{address}"
+    try:
+        cluster = connect(target, **attach)
+    except ClusterError as exc:
+        if started:
+            raise LauncherError(
+                f"Ray's cluster launcher started the cluster of {conf.path}, and attaching to its head {target} "
+                f"failed: {exc}\nThe cluster keeps running: attach again once that is fixed "
+                f"(jc.connect(config={conf.path!r}, ...)), or stop it: ray down -y {conf.path}"
+            ) from exc
+        raise LauncherError(f"attaching to the head of {conf.path}, {target}, failed: {exc}") from exc
+    return cluster
+
+
+def _options(attach: dict[str, Any], conf: LaunchConfig) -> dict[str, Any]:
+    if attach.get("keepalive", 0) < 0 or attach.get("reconnect_for", 0) < 0:
+        raise ValueError("keepalive and reconnect_for are seconds, not negative")
+    if attach.get("identity") is None:
+        attach = {**attach, "identity": conf.ssh_private_key}
+    return attach
+
+
+def attach_config(config: str | os.PathLike[str], **attach: Any) -> Cluster:
+    """Attach to the running cluster of the cluster YAML ``config``: its head from ``ray get-head-ip``, as the
+    YAML's ``auth.ssh_user`` with its key; no ``ray up`` (see :func:`._connect.connect`). ``down`` detaches and
+    leaves the cluster up."""
+    from ._ssh import NoRayError
+
+    conf = read_config(config)
+    ray = ray_executable()
+    options = _options(attach, conf)
+    try:
+        cluster = _attach(conf, ray, options, started=False)
+    except LauncherError as exc:
+        if isinstance(exc.__cause__, NoRayError):
+            raise LauncherError(
+                f"no Ray runs on the head of {conf.path} ({exc.__cause__}): start the cluster with "
+                f"`%cluster up --config {conf.path}` (jc.up(config=...))"
+            ) from exc.__cause__
+        raise
+    cluster.launcher, cluster.launched_here = conf.path, False
+    return cluster
+
+
+def launch(config: str | os.PathLike[str], *, restart: bool = False, **attach: Any) -> Cluster:
     """``ray up`` the cluster YAML ``config`` here, then attach to its head (see :func:`._connect.up`).
+
+    A cluster whose head already runs Ray is attached to as it is, without ``ray up``
+    (which would restart Ray on every node and stop everything running there), and this
+    is said; ``restart`` runs ``ray up`` anyway, saying what that stops.
 
     ``attach``: :func:`._connect.connect`'s options; ``identity`` defaults to the
     YAML's ``auth.ssh_private_key``.
     """
-    from ._connect import connect
-
-    if attach.get("keepalive", 0) < 0 or attach.get("reconnect_for", 0) < 0:
-        raise ValueError("keepalive and reconnect_for are seconds, not negative")
     conf = read_config(config)
     ray = ray_executable()
+    options = _options(attach, conf)
+    if not restart:
+        found = _found_running(conf, ray, options)
+        if found is not None:
+            print(
+                f"Ray already runs on the head of {conf.path} ({found.kind.removeprefix('ssh ')}): attached to it as "
+                "it is, without `ray up`, which would restart Ray on every node and stop the jobs, actors, Serve "
+                f"applications and Tune runs on it. To restart it: %cluster up --config {conf.path} --restart",
+                file=sys.stderr,
+            )
+            found.launcher, found.launched_here = conf.path, False
+            return found
+    else:
+        print(
+            f"Restarting the cluster of {conf.path}: `ray up` restarts Ray on every node, which stops every job, "
+            "actor, Serve application and Tune run on it, and every other notebook's cells there.",
+            file=sys.stderr,
+        )
     ray_up(conf, ray)
-    address = head_ip(conf, ray)
-    target = f"{conf.ssh_user}@{address}"
-    if attach.get("identity") is None:
-        attach["identity"] = conf.ssh_private_key
-    try:
-        cluster = connect(target, **attach)
-    except ClusterError as exc:
-        raise LauncherError(
-            f"Ray's cluster launcher started the cluster of {conf.path}, and attaching to its head {target} "
-            f"failed: {exc}\nThe cluster keeps running: attach again once that is fixed "
-            f"(jc.connect({target!r}, ...)), or stop it: ray down -y {conf.path}"
-        ) from exc
+    cluster = _attach(conf, ray, options, started=True)
     cluster.launcher = conf.path
-    cluster.stoppers.append(functools.partial(ray_down, conf, ray))
+    cluster.stoppers.append(functools.partial(ray_down, conf, ray, cluster.kind.removeprefix("ssh ")))
     return cluster
 
 
-__all__ = ["LaunchConfig", "LauncherConfigError", "LauncherError", "launch", "read_config"]
+__all__ = ["LaunchConfig", "LauncherConfigError", "LauncherError", "attach_config", "launch", "read_config"]

@@ -164,11 +164,15 @@ def _cluster_parser() -> argparse.ArgumentParser:
     local.add_argument("--gpus", type=float)
     local.add_argument("--object-store", type=str, help="e.g. 2GiB")
     connect = commands.add_parser("connect", help="attach to a Ray head over SSH")
-    connect.add_argument("target", help="[user@]host[:port]")
+    connect.add_argument("target", nargs="?", help="[user@]host[:port]")
+    connect.add_argument("--config", help="a cluster YAML: attach to the running cluster Ray's launcher started")
     up = commands.add_parser("up", help="start Ray on a head and workers over SSH (or with `ray up`), and attach")
     up.add_argument("head", nargs="?", help="[user@]host[:port]")
     up.add_argument("workers", nargs="*", help="[user@]host[:port] of each worker")
     up.add_argument("--config", help="a cluster YAML: Ray's own cluster launcher (`ray up`) starts the cluster")
+    up.add_argument(
+        "--restart", action="store_true", help="with --config: `ray up` even if Ray runs there (stops what runs)"
+    )
     for sub in (connect, up):
         sub.add_argument("--identity", help="private key file")
         sub.add_argument("--python", help="the head's Python (default: python3)")
@@ -272,11 +276,21 @@ class ClusterMagics(Magics):
                 f"%cluster up: {given}: give HEAD [WORKER ...] to start Ray there over SSH, or --config "
                 f"cluster.yaml for Ray's cluster launcher\n{_cluster_parser().format_usage()}"
             )
+        if args.command == "connect" and (args.target is None) == (args.config is None):
+            given = "both a head and --config" if args.target else "neither a head nor --config"
+            raise UsageError(
+                f"%cluster connect: {given}: give [user@]host[:port], or --config cluster.yaml for the running "
+                f"cluster of Ray's cluster launcher\n{_cluster_parser().format_usage()}"
+            )
+        if args.command == "up" and args.restart and args.config is None:
+            raise UsageError("%cluster up: --restart goes with --config (Ray's cluster launcher)")
         try:
             if args.command == "up" and args.config is not None:
-                cluster = up(config=args.config, **options)
+                cluster = up(config=args.config, restart=args.restart, **options)
             elif args.command == "up":
                 cluster = up(args.head, args.workers, **options)
+            elif args.config is not None:
+                cluster = connect(config=args.config, ray_token_file=args.ray_token_file, **options)
             else:
                 cluster = connect(
                     args.target,

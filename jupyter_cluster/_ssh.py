@@ -43,6 +43,10 @@ class HeadError(ClusterConnectionError):
     """The head cannot run the agent as it is (no Ray, no such Python, no Ray running)."""
 
 
+class NoRayError(HeadError):
+    """The head answers, and no Ray cluster is running there."""
+
+
 class RayAuthError(HeadError):
     """Ray on the head refused the agent: token authentication, and no right token."""
 

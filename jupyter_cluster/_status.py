@@ -31,14 +31,21 @@ class ClusterStatus:
     python: str = ""
     #: Open port forwards, a line each.
     forwards: list[str] = field(default_factory=list)
-    #: The cluster YAML Ray's cluster launcher started the cluster from, if it did.
+    #: The cluster YAML of Ray's cluster launcher the cluster was started or found from, if any.
     launcher: str | None = None
+    #: Whether this notebook ran ``ray up`` on it (``down`` then runs ``ray down``), or found it running.
+    launched_here: bool = True
 
     def launcher_line(self) -> str | None:
-        """What started the cluster, when Ray's cluster launcher did."""
+        """Where the cluster came from, when it is one of Ray's cluster launcher."""
         if self.launcher is None:
             return None
-        return f"started by Ray's cluster launcher from {self.launcher} (`%cluster down` runs `ray down`)"
+        if self.launched_here:
+            return f"started by Ray's cluster launcher from {self.launcher} (`%cluster down` runs `ray down`)"
+        return (
+            f"Ray's cluster launcher's cluster of {self.launcher}, found running (`%cluster down` detaches and "
+            f"leaves it up; `ray down -y {self.launcher}` stops it)"
+        )
 
     def _link_line(self) -> str:
         link = self.link

@@ -10,7 +10,8 @@ Fixtures never request each other by name (shared state lives in ``config.stash`
 - ``sshd_server`` (session): :class:`SSHServer`, ``/usr/sbin/sshd`` on 127.0.0.1 at a free port.
 - ``link_cutter`` (function): :class:`CuttableLink`, a TCP proxy in front of ``sshd_server``, cut and restored at will.
 - ``ssh_hosts`` (module): :class:`SSHHosts`, ``.head`` (10.213.0.2) and ``.worker`` (10.213.0.3), each a network
-  namespace bridged to the root namespace and running its own sshd on port 22.
+  namespace bridged to the root namespace and running its own sshd on port 22, in a mount namespace of its own whose
+  login files put this test run's Python first on PATH (Ray's cluster launcher runs its commands in login shells).
 - ``ssh_hosts_own_pids`` (module): the same, each host also in a PID namespace of its own.
 
 Everything needs root, ``openssh-server`` (``/usr/sbin/sshd``, ``ssh``, ``ssh-keygen``) and ``iproute2`` (``ip``);
@@ -25,6 +26,7 @@ import fcntl
 import ipaddress
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -566,6 +568,21 @@ class SSHHost(SSHEndpoint):
     netns: str = ""
     veth: str = ""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    #: The stand-ins for the login files this host's shells read (see :func:`_login_files`).
+    login_files: list[Path] = field(default_factory=list, repr=False)
+
+    @contextlib.contextmanager
+    def login_path(self, path: str) -> Iterator[None]:
+        """While in the block, this host's login shells end with PATH set to ``path``: a host whose login shell
+        does not find this run's Python and Ray (a virtualenv it does not activate)."""
+        saved = {login: login.read_text() for login in self.login_files}
+        try:
+            for login, text in saved.items():  # in place: the host's bind mount shows this very file
+                login.write_text(f"{text}PATH={shlex.quote(path)}; export PATH\n")
+            yield
+        finally:
+            for login, text in saved.items():
+                login.write_text(text)
 
     def netns_exec(self, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` inside this host's namespace directly (no SSH)."""
@@ -639,6 +656,41 @@ def _remove_stale() -> None:
             _quiet(["ip", "link", "del", name])
 
 
+#: The files a login shell reads (bash --login reads /etc/profile, then the first of the three in ~ it finds), and
+#: ~/.bashrc, which Ray's cluster launcher sources itself (``bash --login -c -i 'source ~/.bashrc; ...'``).
+LOGIN_FILES = ("/etc/profile", "~/.bash_profile", "~/.bash_login", "~/.profile", "~/.bashrc")
+
+
+def _login_files(directory: Path) -> list[tuple[Path, Path]]:
+    """For each of :data:`LOGIN_FILES` that exists here, a stand-in written into ``directory``: the file's own lines
+    (from a copy), then this test run's interpreter folder put first on PATH. Returns ``(file, stand-in)`` pairs, for
+    a host to bind-mount in a mount namespace of its own: this machine's own files are never changed.
+
+    The hosts share this filesystem, and their login shells would otherwise find another Python (a ``~/.bashrc``
+    that puts pyenv's shims first; Debian's ``/etc/profile``, which sets PATH anew), without this run's Ray when it
+    lives in a virtualenv: ``ray stop`` in ``ray down`` then answers ``ray: command not found``.
+    """
+    import sys
+
+    directory.mkdir(parents=True, exist_ok=True)
+    first = shlex.quote(os.path.dirname(sys.executable))  # not resolved: a venv's bin/python3 is a symlink
+    pairs = []
+    for name in LOGIN_FILES:
+        login = Path(os.path.expanduser(name))
+        if not login.is_file():
+            continue
+        copy = directory / f"{login.name.lstrip('.')}.orig"
+        shutil.copyfile(login, copy)
+        made = directory / login.name.lstrip(".")
+        made.write_text(
+            f"# {login} on a test host: its own lines, then the test run's Python first on PATH\n"
+            f". {shlex.quote(str(copy))}\n"
+            f'PATH={first}:"$PATH"; export PATH\n'
+        )
+        pairs.append((login, made))
+    return pairs
+
+
 def _add_host(
     keys: SSHKeys,
     directory: Path,
@@ -669,9 +721,25 @@ def _add_host(
     hostdir = directory / netns
     hostdir.mkdir()
     config = _sshd_config(keys, hostdir, addr, 22)
-    own = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"] if own_pids else []
-    proc = _start_sshd([*ns, *own, SSHD, "-D", "-e", "-f", str(config)], hostdir / "sshd.log", addr, 22)
-    return SSHHost(addr, 22, "root", keys.user_key, known_hosts, keys.host_key_pub, netns=netns, veth=veth, proc=proc)
+    # A mount namespace of the host's own, where its login files put this test run's Python first (see
+    # _login_files); with own_pids, a PID namespace too (--mount-proc implies --mount).
+    own = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"] if own_pids else ["unshare", "--mount"]
+    logins = _login_files(hostdir / "login")
+    mounts = " && ".join(f"mount --bind {shlex.quote(str(made))} {shlex.quote(str(login))}" for login, made in logins)
+    boot = ["sh", "-c", f'{mounts} && exec "$@"', "sh"] if mounts else []
+    proc = _start_sshd([*ns, *own, *boot, SSHD, "-D", "-e", "-f", str(config)], hostdir / "sshd.log", addr, 22)
+    return SSHHost(
+        addr,
+        22,
+        "root",
+        keys.user_key,
+        known_hosts,
+        keys.host_key_pub,
+        netns=netns,
+        veth=veth,
+        proc=proc,
+        login_files=[made for _, made in logins],
+    )
 
 
 @contextlib.contextmanager

@@ -314,6 +314,73 @@ def test_serve_on_the_head_through_a_forward(launched: jc.Cluster) -> None:
     launched.close_forward(8000)
 
 
+def test_connect_config_attaches_to_the_running_cluster_and_down_leaves_it_up(
+    launched: jc.Cluster, launch_yaml: str, ssh_hosts_own_pids: SSHHosts
+) -> None:
+    """``jc.connect(config=...)`` finds the head with ``ray get-head-ip`` and logs in as the YAML's user with its
+    key: no ``ray up``. Its ``down`` stops its own agent and leaves the cluster, and the first notebook's cells, up."""
+    hosts = ssh_hosts_own_pids
+    with pytest.raises(ValueError, match="not both"):
+        jc.connect("root@head.example", config=launch_yaml)
+    cluster = jc.connect(config=launch_yaml, known_hosts=str(hosts.head.known_hosts), python=sys.executable)
+    try:
+        assert cluster is not launched and cluster.kind == f"ssh root@{hosts.head.host}"
+        assert not cluster.launched_here and not cluster.stoppers
+        text = str(cluster.status())
+        assert f"Ray's cluster launcher's cluster of {launch_yaml}, found running" in text, text
+        assert cluster.run_cell("seen = 6 * 7").result(60).outputs["seen"] == 42
+    finally:
+        cluster.down()
+    assert _ray_processes(hosts.head), "down of an attached cluster leaves Ray running"
+    jc._cluster.attach(launched)
+    assert launched.run_cell("still = 1").result(60).outputs["still"] == 1
+
+
+def test_a_second_notebooks_up_config_attaches_and_restarts_nothing(
+    launched: jc.Cluster, launch_yaml: str, ssh_hosts_own_pids: SSHHosts, tmp_path: Path
+) -> None:
+    """A cell runs on the launcher's cluster; a second kernel runs ``%cluster up --config`` of the same YAML (a
+    colleague's notebook, or this one after a kernel restart). Ray already runs on the head, so that kernel attaches
+    to it as it is and says so; ``ray up`` (which restarts Ray on every node) never runs; the cell goes on and
+    finishes."""
+    from .kernel import Kernel, error_text, text
+
+    hosts = ssh_hosts_own_pids
+    go = tmp_path / "go"  # the hosts share this filesystem: the cell waits for the test to make this file
+    source = f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.2)\nfinished = 'yes'"
+    cell = launched.run_cell(source)
+    kernel = Kernel()
+    try:
+        kernel.ok("%load_ext jupyter_cluster")
+        reply, messages = kernel.execute(
+            f"%cluster up --config {launch_yaml} --known-hosts {hosts.head.known_hosts} --python {sys.executable}",
+            timeout=300,
+        )
+        said = text(messages)
+        assert reply["status"] == "ok", error_text(messages) + said
+        assert "Ray already runs on the head" in said and f"--config {launch_yaml} --restart" in said, said
+        assert "Updating cluster configuration" not in said and "ray start" not in said, "`ray up` did not run"
+        status = text(kernel.ok("import jupyter_cluster as jc\nprint(jc.current().status())"))
+        assert "found running" in status, status
+        answer = text(kernel.ok("%%remote\nprint(6 * 7)"))
+        assert "42" in answer, answer
+        assert not cell.done(), "the first notebook's cell is still running"
+    finally:
+        kernel.stop()  # its %cluster down detaches: the cluster it did not start stays up
+    go.touch()
+    assert cell.result(120).outputs["finished"] == "yes"
+    assert _ray_processes(hosts.head) and _ray_processes(hosts.worker)
+
+
+def test_up_config_restart_is_only_for_a_cluster_yaml(ip: Any) -> None:
+    with pytest.raises(ValueError, match="restart= is for a cluster YAML"):
+        jc.up("head.example", restart=True)
+    with pytest.raises(UsageError, match="--restart goes with --config"):
+        ip.run_line_magic("cluster", "up head.example --restart")
+    with pytest.raises(UsageError, match="neither a head nor --config"):
+        ip.run_line_magic("cluster", "connect")
+
+
 def test_down_runs_ray_down_and_leaves_no_ray_on_either_host(
     launched: jc.Cluster, launch_yaml: str, ssh_hosts_own_pids: SSHHosts
 ) -> None:
@@ -334,3 +401,35 @@ def test_down_runs_ray_down_and_leaves_no_ray_on_either_host(
     assert not _ray_processes(worker), "the worker's raylet ended once its head was gone"
     launched.down()  # a second down is harmless: nothing is left to stop
     assert not launched.stoppers
+
+
+def test_a_down_that_cannot_stop_the_head_ends_within_a_minute_and_says_what_to_run(
+    launch_yaml: str, ssh_hosts_own_pids: SSHHosts
+) -> None:
+    """Runs after the module's cluster is down: ``ray up`` again (``up --config`` finds no Ray on the head and
+    starts it), then ``down`` while the head's login shell finds no ``ray`` (a head whose Ray lives in a virtualenv
+    its login shell does not activate), so Ray's own ``ray stop`` there fails. ``down`` ends within a minute with an
+    error that names the head and the command to run; nothing waits in silence."""
+    hosts = ssh_hosts_own_pids
+    head = hosts.head
+    with pytest.raises(LauncherError, match="found no head"):
+        jc.connect(config=launch_yaml, known_hosts=str(head.known_hosts), python=sys.executable)
+    cluster = jc.up(config=launch_yaml, known_hosts=str(head.known_hosts), python=sys.executable)
+    assert cluster.launched_here and _ray_processes(head)
+    try:
+        with head.login_path("/usr/sbin:/usr/bin:/sbin:/bin"):
+            started = time.monotonic()
+            with pytest.raises(LauncherError) as caught:
+                cluster.down()
+            took = time.monotonic() - started
+    finally:
+        head.ssh(f"{RAY} stop", timeout=120)  # what the message says to run (by its full path: this run's Ray)
+    message = str(caught.value)
+    assert took < 60, f"down took {took:.0f} s"
+    assert f"ssh root@{head.host} ray stop" in message and launch_yaml in message, message
+    assert "ray: command not found" in message, message
+    assert jc.current() is not cluster and not cluster.stoppers
+    deadline = time.monotonic() + WORKER_GCS_TIMEOUT + 50
+    while (_ray_processes(head) or _ray_processes(hosts.worker)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _ray_processes(head) and not _ray_processes(hosts.worker)

@@ -6,13 +6,25 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import tempfile
 from pathlib import Path
 
 import asyncssh
 import pytest
 
-from .sshd import CuttableLink, SSHHosts, SSHKeys, SSHServer, link_cutter, ssh_hosts, ssh_keys, sshd_server  # noqa: F401
+from .sshd import (  # noqa: F401
+    LOGIN_FILES,
+    CuttableLink,
+    SSHHosts,
+    SSHKeys,
+    SSHServer,
+    link_cutter,
+    ssh_hosts,
+    ssh_keys,
+    sshd_server,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -139,6 +151,26 @@ def test_ssh_hosts_are_separate_hosts(ssh_hosts: SSHHosts) -> None:
         assert other not in proc.stdout
     assert ssh_hosts.head.netns != ssh_hosts.worker.netns
     assert ssh_hosts.head.known_hosts.read_text().count("ssh-ed25519") == 2
+
+
+def test_a_hosts_login_shell_finds_this_runs_ray(ssh_hosts: SSHHosts) -> None:
+    """Ray's cluster launcher runs its commands on a host as ``bash --login -c -i 'source ~/.bashrc; ...'``: there
+    ``ray`` and ``python3`` are this test run's (a virtualenv's too), whatever this machine's login files put first;
+    and those files themselves are left as they were."""
+    before = {
+        name: Path(os.path.expanduser(name)).read_bytes()
+        for name in LOGIN_FILES
+        if Path(os.path.expanduser(name)).is_file()
+    }
+    here = os.path.dirname(sys.executable)
+    for host in ssh_hosts:
+        proc = host.ssh("bash --login -c -i 'source ~/.bashrc; command -v ray; command -v python3' 2>/dev/null")
+        assert proc.stdout.split() == [f"{here}/ray", f"{here}/python3"], proc.stdout + proc.stderr
+    with ssh_hosts.head.login_path("/usr/bin:/bin"):
+        proc = ssh_hosts.head.ssh("bash --login -c -i 'source ~/.bashrc; command -v ray' 2>/dev/null")
+        assert f"{here}/ray" not in proc.stdout
+    after = {name: Path(os.path.expanduser(name)).read_bytes() for name in before}
+    assert after == before, "this machine's own login files are unchanged"
 
 
 def test_worker_reaches_head_sshd(ssh_hosts: SSHHosts) -> None:

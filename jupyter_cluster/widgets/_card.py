@@ -89,10 +89,15 @@ def status_html(status: ClusterStatus, button: bool = False) -> str:
     """The card as HTML; ``button``: with the "Open dashboard" button (a cluster's repr)."""
     data = status.data
     rows = [f"<tr><th>link</th><td>{_link(status)}</td></tr>"]
-    if status.launcher:
+    if status.launcher and status.launched_here:
         rows.append(
             f"<tr><th>started by</th><td>Ray's cluster launcher from <code>{_e(status.launcher)}</code> "
             "(<code>%cluster down</code> runs <code>ray down</code>)</td></tr>"
+        )
+    elif status.launcher:
+        rows.append(
+            f"<tr><th>launcher</th><td>found running: Ray's cluster launcher's cluster of "
+            f"<code>{_e(status.launcher)}</code> (<code>%cluster down</code> detaches and leaves it up)</td></tr>"
         )
     versions = []
     if data is not None:
