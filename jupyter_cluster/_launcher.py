@@ -49,6 +49,7 @@ _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+)')
 _ERROR_LEVELS = ("ERR", "ERROR", "PANIC", "CRITICAL")
 #: What ``ray down`` logs when its ``ray stop`` on the head failed (it then goes on, and may exit 0).
 _STOP_FAILED = "Exception occurred when stopping the cluster Ray runtime"
+_NO_HEAD = re.compile(r"Head node of cluster .* not found")
 
 
 class LauncherError(ClusterError):
@@ -350,6 +351,8 @@ def _stop_failure(lines: list[str]) -> str | None:
     for i, text in enumerate(plain):
         if text.startswith(_STOP_FAILED):
             said = [t for t in plain[max(0, i - 4) : i] if _FAILED.search(t) and not t.startswith("Ignoring")]
+            if said and _NO_HEAD.search(said[-1]):
+                return None  # the launcher knows no running head: there was no `ray stop` to run
             return said[-1] if said else "(Ray's launcher gave no reason)"
     return None
 
