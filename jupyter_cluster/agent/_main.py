@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any
 
+from ._reaper import Reaper
+
 log = logging.getLogger("jupyter_cluster.agent")
 
 
@@ -294,14 +296,17 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     sampler.close()
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, reaper: Reaper | None = None) -> None:
     """Serve on a thread of its own, and run driver cells on this (the main) thread,
-    where an interrupt reaches them even inside a blocking call."""
+    where an interrupt reaches them even inside a blocking call. ``reaper`` ends the
+    agent when its graceful stop cannot (see :mod:`._reaper`)."""
     from ._interrupt import MainThreadCells
 
     driver = MainThreadCells()
     stop: list[Any] = []
     failed: list[BaseException] = []
+    reaper = reaper or Reaper()
+    reaper.graceful = lambda: stop[0]() if stop else None
 
     def loop_thread() -> None:
         try:
@@ -319,8 +324,8 @@ def run(args: argparse.Namespace) -> None:
         if stop:
             stop[0]()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, reaper.on_sigterm)  # the graceful stop, then the kill if it does not come
     thread = threading.Thread(target=loop_thread, name="agent-loop", daemon=True)
     thread.start()
     driver.serve()
@@ -365,13 +370,16 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    reaper = Reaper()
+    if args.parent_pid is not None:  # from before Ray starts: a kernel gone meanwhile takes its Ray along
+        reaper.watch_parent(args.parent_pid)
     try:
         init_ray(args)
     except Exception as exc:
         announce({"ready": False, "error": f"{type(exc).__name__}: {exc}"}, args.socket)
         raise SystemExit(1) from exc
     try:
-        run(args)
+        run(args, reaper)
     finally:
         import ray
 
