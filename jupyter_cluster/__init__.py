@@ -13,10 +13,11 @@ things are reachable from Python:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._cell import CellResult, RemoteCell, RemoteRepr
 from ._cluster import Cluster, ClusterStatus, current, local
+from ._cluster import attached as _attached
 from ._connect import connect, up
 from ._errors import (
     AgentLostError,
@@ -35,19 +36,11 @@ from ._errors import (
 )
 from ._handles import ObjectHandle
 from ._runs import Checkpoint, Run, RunError, TrainResult, TuneResult, train_torch, tune
+from ._version import __version__ as __version__
 from .agent._space import SpaceError, choice, grid_search, loguniform, randint, uniform
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
-
-__version__ = "0.1.0"
-
-
-def _attached() -> Cluster:
-    cluster = current()
-    if cluster is None:
-        raise ClusterConnectionError("no cluster is attached: call jc.local() (or %cluster local) first")
-    return cluster
 
 
 def submit(
@@ -83,7 +76,7 @@ def _owner(handles: Sequence[Any]) -> Cluster:
     """The cluster the handles belong to (the one that made the first), else the attached one."""
     for handle in handles:
         if isinstance(handle, ObjectHandle) and handle.cluster is not None:
-            return handle.cluster
+            return cast(Cluster, handle.cluster)  # the only kind of owner a handle has
     return _attached()
 
 

@@ -17,9 +17,9 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cloudpickle
 
@@ -33,15 +33,29 @@ from ._errors import (
     cause_in_output,
     remote_error,
 )
-from ._handles import ObjectHandle
-from ._inputs import ShippedInputs
+from ._handles import HandleOwner, ObjectHandle
+from ._inputs import InputLedger, ShippedInputs
 from ._modules import LazyModule
-from .agent._execute import CellOutcome, CellSpec, OutputInfo
+from .agent._execute import CellOutcome, CellSpec, MapChunk, MapOutput, OutputInfo
 
 if TYPE_CHECKING:
-    from ._cluster import Cluster
+    from ._link import AgentLink
+
+
+class CellOwner(HandleOwner, Protocol):
+    """What a cell needs of its cluster (a :class:`._cluster.Cluster`, which sits above)."""
+
+    _ledger: InputLedger
+    _link: AgentLink
+    python: str
+    on_interrupt: str
+
+    def _release_many(self, handle_ids: Iterable[str]) -> None: ...
+
 
 log = logging.getLogger("jupyter_cluster")
+#: What an output that does not come back (or was not assigned) reads as, before it becomes None in a list.
+_ABSENT = object()
 
 
 @dataclass
@@ -80,7 +94,7 @@ class RemoteCell:
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: CellOwner,
         spec: CellSpec,
         mode: str,
         shipped: ShippedInputs,
@@ -260,11 +274,12 @@ class RemoteCell:
 
     def _finish(self, data: dict[str, Any]) -> None:
         handles: dict[str, str] = data.get("handles", {})
-        if "items" in data:
-            outcomes: list[CellOutcome] = data["items"]
+        if "map" in data:
+            chunks: list[MapChunk] = data["map"].load()
+            failure = next((c.failure for c in chunks if c.failure is not None), None)
         else:
-            outcomes = [data["outcome"]]
-        failure = next((o.failure for o in outcomes if o.failure is not None), None)
+            outcome: CellOutcome = data["outcome"]
+            failure = outcome.failure
         if failure is not None:
             self.cluster._release_many(handles.values())
             if failure.interrupted and not failure.origin and "--timeout" not in failure.message:
@@ -274,31 +289,21 @@ class RemoteCell:
                 error.note = error.note or cause_in_output(self.stderr)
                 self._fail(error)
             return
-        result = CellResult(elapsed=time.time() - self.submitted, node=outcomes[0].node if outcomes else "")
-        unloadable: dict[str, str] = {}
-        per_item = [self._outputs(o, result, unloadable) for o in outcomes]
-        if self.spec.map_name is not None:
-            for name in self.spec.outputs:
-                if any(o.outputs.get(name) and o.outputs[name].kind == "module" for o in outcomes):
-                    result.outputs[name] = per_item[0].get(name)  # an `import` must not become a list
-                elif name in unloadable:  # the list stays whole on the cluster
-                    meta = {"type": "list", "len": len(outcomes), "node": result.node}
-                    result.outputs[name] = ObjectHandle(f"{self.cell_id}/{name}", meta, cluster=self.cluster, name=name)
-                elif any(name in item for item in per_item):
-                    result.outputs[name] = [item.get(name) for item in per_item]
-            values = [self._value(o.value) for o in outcomes]
-            result.has_value = self.spec.display_last and any(v is not None for v in values)
-            result.value = values if result.has_value else None
+        if "map" in data:
+            result = self._map_result(chunks)
+            absent = {n for c in chunks for n, out in c.outputs.items() if "missing" in out.kinds()}
         else:
-            result.outputs = per_item[0] if per_item else {}
-            result.value = self._value(outcomes[0].value)
-            result.has_value = outcomes[0].value is not None
-        for name, reason in unloadable.items():
-            result.warnings.append(
-                f"`{name}` cannot be loaded in the notebook ({reason}); it stays on the cluster as a handle, "
-                f"which later remote cells read as the value."
-            )
-        missing = self._missing(outcomes)
+            result = CellResult(elapsed=time.time() - self.submitted, node=outcome.node)
+            unloadable: dict[str, str] = {}
+            for name, info in outcome.outputs.items():
+                value = self._output(name, info, outcome.node, result, unloadable)
+                if value is not _ABSENT:
+                    result.outputs[name] = value
+            self._warn_unloadable(result, unloadable)
+            result.value = self._value(outcome.value)
+            result.has_value = outcome.value is not None
+            absent = {n for n, info in outcome.outputs.items() if info.kind == "missing"}
+        missing = self._missing(absent)
         result.warnings.extend(missing.values())
         self.final = result
         self._settle()
@@ -320,11 +325,50 @@ class RemoteCell:
         self.finished = time.time()
         self._future.set_result(result)
 
-    def _missing(self, outcomes: list[CellOutcome]) -> dict[str, str]:
-        """What to say of each ``--out`` name the cell did not assign."""
+    def _map_result(self, chunks: list[MapChunk]) -> CellResult:
+        """A ``--map`` cell's result: each output a list in item order (read chunk by chunk, item by item:
+        this runs once per item, so it stays plain)."""
+        result = CellResult(elapsed=time.time() - self.submitted, node=chunks[0].node if chunks else "")
+        unloadable: dict[str, str] = {}
+        count = sum(c.count for c in chunks)
+        for name in self.spec.outputs:
+            outputs = [(c, c.outputs.get(name) or MapOutput()) for c in chunks]
+            if any("module" in out.kinds() for _, out in outputs):  # an `import` must not become a list
+                chunk, out = next((c, o) for c, o in outputs if "module" in o.kinds())
+                module = next(i for i in out.other.values() if i.kind == "module")
+                result.outputs[name] = self._output(name, module, chunk.node, result, unloadable)
+                continue
+            values: list[Any] = []
+            present = False
+            for chunk, out in outputs:
+                for index in range(len(out.inline)):
+                    item = out.info(index)
+                    value = _ABSENT if item is None else self._output(name, item, chunk.node, result, unloadable, True)
+                    present = present or value is not _ABSENT
+                    values.append(None if value is _ABSENT else value)
+            if name in unloadable:  # the list stays whole on the cluster
+                meta = {"type": "list", "len": count, "node": result.node}
+                result.outputs[name] = ObjectHandle(f"{self.cell_id}/{name}", meta, cluster=self.cluster, name=name)
+            elif present:
+                result.outputs[name] = values
+        self._warn_unloadable(result, unloadable)
+        shown = [self._value(c.values.info(i)) for c in chunks for i in range(len(c.values.inline))]
+        result.has_value = self.spec.display_last and any(v is not None for v in shown)
+        result.value = shown if result.has_value else None
+        return result
+
+    @staticmethod
+    def _warn_unloadable(result: CellResult, unloadable: dict[str, str]) -> None:
+        for name, reason in unloadable.items():
+            result.warnings.append(
+                f"`{name}` cannot be loaded in the notebook ({reason}); it stays on the cluster as a handle, "
+                f"which later remote cells read as the value."
+            )
+
+    def _missing(self, absent: set[str]) -> dict[str, str]:
+        """What to say of each ``--out`` name the cell did not assign (``absent``: the names it did not)."""
         if not self.out_given:
             return {}
-        absent = {n for o in outcomes for n, info in o.outputs.items() if info.kind == "missing"}
         assigned = analyse_cell(self.spec.source).outputs
         said = {}
         for name in (n for n in self.spec.outputs if n in absent):
@@ -333,44 +377,53 @@ class RemoteCell:
             said[name] = f"--out names `{name}`, which the cell did not assign{hint}; nothing was bound to it."
         return said
 
-    def _outputs(self, outcome: CellOutcome, result: CellResult, unloadable: dict[str, str]) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for name, info in outcome.outputs.items():
-            if info.kind == "inline" and not self.cluster._ledger.accepts_code(info.data):
-                # Code pickled by another Python (a function or class the cell defined) could
-                # load here and then misbehave: it stays on the cluster, usable by later cells.
-                result.warnings.append(
-                    f"`{name}` carries Python code made by the cluster's Python {self.cluster.python}; "
-                    "it stays on the cluster (later remote cells can use it)."
-                )
-                if self.spec.map_name is None:
-                    values[name] = self._remote_handle(name, {"type": "Python code", "node": outcome.node})
-            elif info.kind == "inline":
-                try:
-                    values[name] = cloudpickle.loads(info.data)
-                except Exception as exc:  # its class lives in a module only the cluster has, say
-                    unloadable.setdefault(name, f"{info.meta.get('type', 'its type')}: {type(exc).__name__}: {exc}")
-                    if self.spec.map_name is None:
-                        values[name] = self._remote_handle(name, {**info.meta, "node": outcome.node})
-            elif info.kind == "remote":
-                pending = self.handles.get(name) if self.spec.map_name is None else None
-                if pending is not None:  # the same handle the notebook already holds
-                    pending.meta.update(info.meta)
-                    values[name] = pending
-                    continue
-                handle_id = info.meta.get("handle") or f"{self.cell_id}/{name}"
-                values[name] = ObjectHandle(handle_id, info.meta, cluster=self.cluster, name=name)
-            elif info.kind == "module":
-                # The kernel's own module if it has one; else a stand-in that later cells read by
-                # name: a cell's `import torch` must not load torch (or ray) into the notebook.
-                module = info.meta["module"]
-                values[name] = sys.modules.get(module) or LazyModule(module)
-            elif info.kind == "unpicklable":
-                result.warnings.append(
-                    f"`{name}` ({info.meta.get('type')}) cannot leave the cluster ({info.meta.get('error')}); "
-                    "it was not brought back. Keep it remote with `%%remote --actor NAME`."
-                )
-        return values
+    def _output(
+        self,
+        name: str,
+        info: OutputInfo,
+        node: str,
+        result: CellResult,
+        unloadable: dict[str, str],
+        item: bool = False,
+    ) -> Any:
+        """The notebook's value of one exported name (of one ``--map`` item where ``item``), or
+        :data:`_ABSENT`; what cannot come back is said in ``result.warnings`` (once) or ``unloadable``."""
+        if info.kind == "inline" and not self.cluster._ledger.accepts_code(info.data):
+            # Code pickled by another Python (a function or class the cell defined) could
+            # load here and then misbehave: it stays on the cluster, usable by later cells.
+            warning = (
+                f"`{name}` carries Python code made by the cluster's Python {self.cluster.python}; "
+                "it stays on the cluster (later remote cells can use it)."
+            )
+            if warning not in result.warnings:
+                result.warnings.append(warning)
+            return _ABSENT if item else self._remote_handle(name, {"type": "Python code", "node": node})
+        if info.kind == "inline":
+            try:
+                return cloudpickle.loads(info.data)
+            except Exception as exc:  # its class lives in a module only the cluster has, say
+                unloadable.setdefault(name, f"{info.meta.get('type', 'its type')}: {type(exc).__name__}: {exc}")
+                return _ABSENT if item else self._remote_handle(name, {**info.meta, "node": node})
+        if info.kind == "remote":
+            pending = None if item else self.handles.get(name)
+            if pending is not None:  # the same handle the notebook already holds
+                pending.meta.update(info.meta)
+                return pending
+            handle_id = info.meta.get("handle") or f"{self.cell_id}/{name}"
+            return ObjectHandle(handle_id, info.meta, cluster=self.cluster, name=name)
+        if info.kind == "module":
+            # The kernel's own module if it has one; else a stand-in that later cells read by
+            # name: a cell's `import torch` must not load torch (or ray) into the notebook.
+            module = info.meta["module"]
+            return sys.modules.get(module) or LazyModule(module)
+        if info.kind == "unpicklable":
+            warning = (
+                f"`{name}` ({info.meta.get('type')}) cannot leave the cluster ({info.meta.get('error')}); "
+                "it was not brought back. Keep it remote with `%%remote --actor NAME`."
+            )
+            if warning not in result.warnings:
+                result.warnings.append(warning)
+        return _ABSENT
 
     def _remote_handle(self, name: str, meta: dict[str, Any]) -> ObjectHandle:
         """A handle to an output the agent holds as ``<cell>/<name>`` (every task output)."""

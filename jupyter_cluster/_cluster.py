@@ -17,7 +17,7 @@ import platform
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ._analysis import analyse_cell
 from ._cell import RemoteCell
@@ -400,7 +400,7 @@ class Cluster:
         if not isinstance(handle, ObjectHandle):
             return handle  # already a value: what a resolved small output is
         if handle.cluster is not None and handle.cluster is not self:
-            return handle.cluster.get(handle, timeout)
+            return cast(Cluster, handle.cluster).get(handle, timeout)  # the only kind of owner a handle has
         if not handle.wait(timeout):
             raise WaitTimeoutError(f"`{handle.name or handle.id}` was not ready within {timeout} s")
         if handle.has_local_value:
@@ -774,6 +774,14 @@ def current() -> Cluster | None:
     """The cluster this notebook is attached to, or None."""
     cluster = _current
     return cluster if cluster is not None and cluster.alive else None
+
+
+def attached() -> Cluster:
+    """The attached cluster; :class:`ClusterConnectionError` when there is none."""
+    cluster = current()
+    if cluster is None:
+        raise ClusterConnectionError("no cluster is attached: call jc.local() (or %cluster local) first")
+    return cluster
 
 
 def local(cpus: float | None = None, gpus: float | None = None, object_store: int | str | None = None) -> Cluster:

@@ -288,6 +288,7 @@ def connect(
 
         return attach_config(
             config,
+            connect,
             identity=identity,
             python=python,
             known_hosts=known_hosts,
@@ -415,6 +416,7 @@ def up(
 
         return launch(
             config,
+            connect,
             restart=restart,
             identity=identity,
             python=python,

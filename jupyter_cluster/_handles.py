@@ -14,12 +14,23 @@ import re
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._errors import ClusterConnectionError
 
-if TYPE_CHECKING:
-    from ._cluster import Cluster
+
+class HandleOwner(Protocol):
+    """What a handle needs of the cluster that made it (a :class:`._cluster.Cluster`, which sits above)."""
+
+    kind: str
+
+    @property
+    def session(self) -> str: ...
+
+    def _release(self, handle_id: str) -> None: ...
+
+    def _unreachable(self) -> str | None: ...
+
 
 #: How often a wait on a pending handle checks that its cluster is still there.
 _POLL = 0.25
@@ -80,7 +91,7 @@ class ObjectHandle:
         handle_id: str,
         meta: dict[str, Any] | None = None,
         *,
-        cluster: Cluster | None = None,
+        cluster: HandleOwner | None = None,
         name: str = "",
         pending: bool = False,
         label: str = "",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import cloudpickle
 
@@ -20,8 +20,12 @@ from ._errors import InputError, failed_input
 from ._handles import ObjectHandle
 from .agent._protocol import Pickled
 
-if TYPE_CHECKING:
-    from ._cluster import Cluster
+
+class InputOwner(Protocol):
+    """What the ledger needs of its cluster (a :class:`._cluster.Cluster`, which sits above)."""
+
+    def _check_reachable(self, handle: ObjectHandle) -> None: ...
+
 
 #: Markers of code objects in a cloudpickle stream: functions or classes by value.
 _CODE_MARKERS = (b"_make_function", b"_make_skeleton_class", b"_make_code", b"_builtin_type")
@@ -56,7 +60,7 @@ def pickle_value(name: str, value: Any) -> Pickled:
 class InputLedger:
     """What the agent holds for each input name, so unchanged values are not re-sent."""
 
-    def __init__(self, owner: Cluster | None = None) -> None:
+    def __init__(self, owner: InputOwner | None = None) -> None:
         self.owner = owner
         self.held: dict[str, str] = {}
         self.code_ok = True

@@ -10,6 +10,7 @@ back trimmed to the lines that say what went wrong.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +28,14 @@ from ._errors import ClusterConnectionError, ClusterError
 if TYPE_CHECKING:
     from ._cluster import Cluster
 
+#: How the launcher attaches to a head: :func:`._connect.connect`.
+Connect = Callable[..., "Cluster"]
+
 #: Seconds ``ray down`` may take in all; and without a step forward (a line of output it has not said before: its
 #: teardown loop says "2 nodes remaining" over again while nodes do not go), after which it is stopped and the
 #: nodes it could not stop are named.
 DOWN_TIMEOUT = 600.0
-DOWN_STALL = 40.0
+DOWN_STALL = 30.0
 #: Seconds ``ray get-head-ip`` and ``ray get-worker-ips`` may take (``ray up`` runs until done or interrupted).
 HEAD_IP_TIMEOUT = 120.0
 #: The longest error message made from Ray's output.
@@ -333,15 +338,20 @@ def head_ip(config: LaunchConfig, ray: str) -> str:
 def _nodes_left(config: LaunchConfig, ray: str) -> list[str]:
     """The nodes Ray's launcher still counts as up (``ray get-head-ip``, ``ray get-worker-ips``), named for a
     message; empty when it says none or cannot tell."""
-    named = []
-    for command, kind in (("get-head-ip", "head"), ("get-worker-ips", "worker")):
+
+    def ask(command: str, kind: str) -> list[str]:
         try:
             done = _ask(config, ray, command)
         except LauncherError:
-            continue
-        if done.returncode == 0:
-            named += [f"{kind} {line.strip()}" for line in done.stdout.splitlines() if re.fullmatch(r"[\w.:-]+", line)]
-    return named
+            return []
+        if done.returncode != 0:
+            return []
+        return [f"{kind} {line.strip()}" for line in done.stdout.splitlines() if re.fullmatch(r"[\w.:-]+", line)]
+
+    # Both at once: each is a Ray CLI start (seconds), and this runs when a `ray down` has already taken long.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        head, workers = pool.map(ask, ("get-head-ip", "get-worker-ips"), ("head", "worker"))
+    return head + workers
 
 
 def _stop_failure(lines: list[str]) -> str | None:
@@ -389,11 +399,10 @@ def ray_down(config: LaunchConfig, ray: str, head: str | None = None) -> None:
         )
 
 
-def _found_running(conf: LaunchConfig, ray: str, attach: dict[str, Any]) -> Cluster | None:
+def _found_running(conf: LaunchConfig, ray: str, connect: Connect, attach: dict[str, Any]) -> Cluster | None:
     """Attach to the head of ``conf`` if Ray runs there; None when the launcher knows no head, or when it answers
     and runs no Ray, or cannot be reached (``ray up`` then has a cluster to start). A head that refuses the login
     or whose host key is unknown is an error: ``ray up`` would start or restart it blind."""
-    from ._connect import connect
     from ._ssh import HostKeyError, NoRayError, SSHAuthError
 
     try:
@@ -416,9 +425,7 @@ def _found_running(conf: LaunchConfig, ray: str, attach: dict[str, Any]) -> Clus
         return None
 
 
-def _attach(conf: LaunchConfig, ray: str, attach: dict[str, Any], *, started: bool) -> Cluster:
-    from ._connect import connect
-
+def _attach(conf: LaunchConfig, ray: str, connect: Connect, attach: dict[str, Any], *, started: bool) -> Cluster:
     address = head_ip(conf, ray)
     target = f"{conf.ssh_user}@{address}"
     try:
@@ -442,17 +449,18 @@ def _options(attach: dict[str, Any], conf: LaunchConfig) -> dict[str, Any]:
     return attach
 
 
-def attach_config(config: str | os.PathLike[str], **attach: Any) -> Cluster:
+def attach_config(config: str | os.PathLike[str], connect: Connect, **attach: Any) -> Cluster:
     """Attach to the running cluster of the cluster YAML ``config``: its head from ``ray get-head-ip``, as the
     YAML's ``auth.ssh_user`` with its key; no ``ray up`` (see :func:`._connect.connect`). ``down`` detaches and
-    leaves the cluster up."""
+    leaves the cluster up. ``connect``: :func:`._connect.connect`, which calls this (passed in: the launcher sits
+    below the API that uses it)."""
     from ._ssh import NoRayError
 
     conf = read_config(config)
     ray = ray_executable()
     options = _options(attach, conf)
     try:
-        cluster = _attach(conf, ray, options, started=False)
+        cluster = _attach(conf, ray, connect, options, started=False)
     except LauncherError as exc:
         if isinstance(exc.__cause__, NoRayError):
             raise LauncherError(
@@ -464,21 +472,21 @@ def attach_config(config: str | os.PathLike[str], **attach: Any) -> Cluster:
     return cluster
 
 
-def launch(config: str | os.PathLike[str], *, restart: bool = False, **attach: Any) -> Cluster:
+def launch(config: str | os.PathLike[str], connect: Connect, *, restart: bool = False, **attach: Any) -> Cluster:
     """``ray up`` the cluster YAML ``config`` here, then attach to its head (see :func:`._connect.up`).
 
     A cluster whose head already runs Ray is attached to as it is, without ``ray up``
     (which would restart Ray on every node and stop everything running there), and this
     is said; ``restart`` runs ``ray up`` anyway, saying what that stops.
 
-    ``attach``: :func:`._connect.connect`'s options; ``identity`` defaults to the
-    YAML's ``auth.ssh_private_key``.
+    ``connect``: :func:`._connect.connect`; ``attach``: its options (``identity`` defaults
+    to the YAML's ``auth.ssh_private_key``).
     """
     conf = read_config(config)
     ray = ray_executable()
     options = _options(attach, conf)
     if not restart:
-        found = _found_running(conf, ray, options)
+        found = _found_running(conf, ray, connect, options)
         if found is not None:
             print(
                 f"Ray already runs on the head of {conf.path} ({found.kind.removeprefix('ssh ')}): attached to it as "
@@ -495,7 +503,7 @@ def launch(config: str | os.PathLike[str], *, restart: bool = False, **attach: A
             file=sys.stderr,
         )
     ray_up(conf, ray)
-    cluster = _attach(conf, ray, options, started=True)
+    cluster = _attach(conf, ray, connect, options, started=True)
     cluster.launcher = conf.path
     cluster.stoppers.append(functools.partial(ray_down, conf, ray, cluster.kind.removeprefix("ssh ")))
     return cluster

@@ -33,6 +33,8 @@ T = TypeVar("T")
 
 EventCallback = Callable[[str, Any], None]
 
+#: Final answers larger than this (bytes) are read on a thread, not on the link's loop.
+DELIVER_ON_THREAD = 1 << 20
 #: Seconds the kernel waits before acknowledging events (so acks are batched).
 ACK_DELAY = 0.05
 #: Seconds of silence after which a link counts as lost (``jc.connect(..., keepalive=)``).
@@ -428,7 +430,25 @@ class AgentLink:
                 data = loads(frame.payload, frame.buffers) if frame.payload else None
                 self.orphans.append((str(header.get("event")), data))
             return
-        data = loads(frame.payload, frame.buffers) if frame.payload else None
+        if header.get("final") and frame.nbytes > DELIVER_ON_THREAD:
+            # A large answer (a million --map items, a big value) is read on a thread: the link's
+            # loop keeps reading frames and answering heartbeats meanwhile. It is the request's last.
+            self.pending.pop(request.id, None)
+            asyncio.get_running_loop().run_in_executor(None, self._deliver, request, frame)
+            return
+        self._deliver(request, frame)
+
+    def _deliver(self, request: PendingRequest, frame: Frame) -> None:
+        """Tell a request of one of its events; the final one settles its future."""
+        header = frame.header
+        try:
+            data = loads(frame.payload, frame.buffers) if frame.payload else None
+        except Exception as exc:  # a class this kernel cannot load: the request fails, the link goes on
+            log.exception("the answer to request %s could not be read", request.id)
+            if header.get("final"):
+                self.pending.pop(request.id, None)
+                request.future.set_exception(RequestError(f"the agent's answer could not be read: {exc}", {}))
+            return
         event = str(header.get("event"))
         if request.on_event is not None:
             try:

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._errors import CellInterrupted, ClusterError, InputError, RemoteError, remote_error
 from .agent._runs import flat
@@ -444,10 +444,10 @@ def train_torch(
     >>> result.metrics.tail()                                                    # doctest: +SKIP
     >>> model.load_state_dict(result.checkpoint.state_dict())                    # doctest: +SKIP
     """
-    from . import _attached
+    from ._cluster import attached
     from .widgets._training import TrainingView
 
-    cluster = cluster or _attached()
+    cluster = cluster or attached()
     num_workers = _positive_int("num_workers", num_workers)
     given = {
         n: v for n, v in zip(CREATORS, (model_creator, data_creator, optimizer_creator, loss_creator)) if v is not None
@@ -544,7 +544,7 @@ def _train_result(run: Run, summary: dict[str, Any]) -> TrainResult:
     result = TrainResult(
         reports=reports,
         final=final,
-        checkpoint=_checkpoint(summary.get("checkpoint"), run.cell.cluster),
+        checkpoint=_checkpoint(summary.get("checkpoint"), cast("Cluster", run.cell.cluster)),
         error=error,
         elapsed=float(summary.get("elapsed", 0.0)),
         name=summary.get("name", ""),
@@ -597,10 +597,10 @@ def tune(
     ...                  mode="max", num_samples=8, scheduler="asha")            # doctest: +SKIP
     >>> result.best_config                                                      # doctest: +SKIP
     """
-    from . import _attached
+    from ._cluster import attached
     from .widgets._trials import TrialsView
 
-    cluster = cluster or _attached()
+    cluster = cluster or attached()
     if not callable(trainable):
         raise InputError(f"trainable must be a function of config (or a tune.Trainable class), not {trainable!r}")
     _check_sendable("trainable", trainable)
@@ -658,7 +658,7 @@ def tune(
 
 
 def _tune_result(run: Run, summary: dict[str, Any]) -> TuneResult:
-    cluster = run.cell.cluster
+    cluster = cast("Cluster", run.cell.cluster)
     states: dict[str, str] = {}
     for event in run.events:
         if event.get("type") == "trial":

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _cluster
 from ._feed import MetricsFeed
+from ._version import __version__
 
 if TYPE_CHECKING:
     from ._cell import RemoteCell
@@ -125,8 +126,6 @@ class Sidebar:
 
     @staticmethod
     def _hello() -> dict[str, Any]:
-        from . import __version__
-
         return {"type": "hello", "version": PROTOCOL_VERSION, "package_version": __version__}
 
     # ---------------------------------------------------------- commands

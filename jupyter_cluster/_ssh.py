@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ClusterConnectionError
+from ._version import __version__
 
 CONNECT_TIMEOUT = 15.0
 AGENT_START_TIMEOUT = 120.0
@@ -256,8 +257,6 @@ class RemoteHead:
         The secret, and the Ray token when the kernel has one, reach the agent on
         stdin, into a 0600 file: never on a command line.
         """
-        from . import __version__
-
         request = {
             "session": session,
             "resume": resume,

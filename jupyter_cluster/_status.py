@@ -1,7 +1,14 @@
-"""What ``%cluster status`` shows: the link, the nodes, what runs there."""
+"""What ``%cluster status`` shows: the link, the nodes, what runs there, as text and as a card.
+
+The card (a cluster's HTML repr, and the sidebar's) is one compact HTML table: the link
+(target, session, state, round trip), versions, each node's resources and load, running
+cells, actors, and the Ray dashboard's local link. Static HTML, so it reads the same in a
+saved notebook; the plain-text twin is ``str(status)``.
+"""
 
 from __future__ import annotations
 
+import html
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,12 +144,154 @@ class ClusterStatus:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        from .widgets._card import status_html
-
         return status_html(self)
 
     def html(self, button: bool = False) -> str:
         """The card; ``button``: with "Open dashboard", for JupyterLab's sidebar extension."""
-        from .widgets._card import status_html
-
         return status_html(self, button)
+
+
+# ------------------------------------------------------------------ the card
+_STATE_COLORS = {"connected": "#2e7d32", "reconnecting": "#ef6c00", "lost": "#c62828", "detached": "#757575"}
+_STYLE = (
+    "<style>.jc-card{font-size:12px;border:1px solid #ddd;border-radius:4px;padding:6px 10px;display:inline-block}"
+    ".jc-card table{border-collapse:collapse;margin:4px 0;font-size:inherit}"
+    ".jc-card th,.jc-card td{padding:1px 8px;text-align:left;border-bottom:1px solid #eee}"
+    ".jc-card .jc-muted{color:#777}</style>"
+)
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _link(status: ClusterStatus) -> str:
+    link = status.link
+    state = link.get("state", "connected")
+    color = _STATE_COLORS.get(state, "#333")
+    parts = [f'<b style="color:{color}">{_e(state)}</b>']
+    if link.get("target"):
+        parts.append(f"to {_e(link['target'])}")
+    if link.get("session"):
+        parts.append(f"session <code>{_e(link['session'])}</code>")
+    if state == "connected" and link.get("rtt") is not None:
+        parts.append(f"round trip {link['rtt'] * 1000:.1f} ms")
+    elif state == "reconnecting":
+        since = time.time() - link.get("since", time.time())
+        parts.append(f"for {since:.0f} s, {link.get('attempts', 0)} attempt(s): {_e(link.get('last_error', ''))}")
+    elif state == "lost":
+        parts.append(_e(link.get("error", "")))
+    return " ".join(parts)
+
+
+def _node_row(node: dict[str, Any]) -> str:
+    res = node.get("resources", {})
+    load = node.get("load") or {}
+    name = _e(node.get("address")) + (' <span class="jc-muted">(head)</span>' if node.get("head") else "")
+    if load.get("stale"):
+        name += f' <span class="jc-muted">(metrics stale: {_e(load["stale"])})</span>'
+    cpu = f"{res.get('CPU', 0):g}"
+    if "cpu" in load:
+        cpu += f" · {load['cpu']:.0f} %"
+    gpus = f"{res.get('GPU', 0):g}"
+    if load.get("gpus"):
+        gpus += " · " + ", ".join(f"{g.get('utilization', 0):.0f} %" for _, g in sorted(load["gpus"].items()))
+    store_total = res.get("object_store_memory", 0)
+    store = format_size(store_total)
+    if "store_used" in load:
+        store = f"{format_size(load['store_used'])} / {store}"
+    ram = format_size(res.get("memory", 0))
+    if "mem_used" in load:
+        ram = f"{format_size(load['mem_used'])} used of {format_size(load.get('mem_total', 0))}"
+    cells = (name, cpu, gpus, ram, store)
+    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+
+def _list(items: list[str]) -> str:
+    return f"<ul>{''.join(items)}</ul>" if items else ""
+
+
+#: Opens the live dashboard in a JupyterLab tab: the sidebar extension shows the button
+#: (it is ``hidden`` elsewhere, where nothing would answer it) and handles its clicks.
+DASHBOARD_BUTTON = (
+    '<button data-jupyter-cluster-dashboard hidden class="jc-dashboard-button" '
+    'title="Open the live dashboard in a JupyterLab tab">Open dashboard</button>'
+)
+
+
+def status_html(status: ClusterStatus, button: bool = False) -> str:
+    """The card as HTML; ``button``: with the "Open dashboard" button (a cluster's repr)."""
+    data = status.data
+    rows = [f"<tr><th>link</th><td>{_link(status)}</td></tr>"]
+    if status.launcher and status.launched_here:
+        rows.append(
+            f"<tr><th>started by</th><td>Ray's cluster launcher from <code>{_e(status.launcher)}</code> "
+            "(<code>%cluster down</code> runs <code>ray down</code>)</td></tr>"
+        )
+    elif status.launcher:
+        rows.append(
+            f"<tr><th>launcher</th><td>found running: Ray's cluster launcher's cluster of "
+            f"<code>{_e(status.launcher)}</code> (<code>%cluster down</code> detaches and leaves it up)</td></tr>"
+        )
+    versions = []
+    if data is not None:
+        versions.append(f"Ray {_e(data['ray'])}")
+    if status.python:
+        versions.append(f"Python {_e(status.python)} on the cluster")
+    if versions:
+        rows.append(f"<tr><th>versions</th><td>{', '.join(versions)}</td></tr>")
+    if status.dashboard:
+        url = _e(status.dashboard)
+        rows.append(f'<tr><th>Ray dashboard</th><td><a href="{url}" target="_blank">{url}</a></td></tr>')
+    head = f"<b>{_e(status.kind)}</b>"
+    if data is None:
+        body = "<table>" + "".join(rows) + "</table>"
+        note = '<div class="jc-muted">Nodes, cells and actors show once the link is back.</div>'
+        return f'{_STYLE}<div class="jc-card jc-status">{head}{body}{note}</div>'
+    avail = data["available"]
+    rows.append(
+        f"<tr><th>available</th><td>{avail.get('CPU', 0):g} CPU, {avail.get('GPU', 0):g} GPU; "
+        f"{data['objects']} object(s) held for this notebook</td></tr>"
+    )
+    nodes = (
+        "<table><thead><tr><th>node</th><th>CPU</th><th>GPU</th><th>RAM</th><th>object store</th></tr></thead>"
+        "<tbody>" + "".join(_node_row(n) for n in data["nodes"]) + "</tbody></table>"
+    )
+    cells = data["cells"]
+    cell_items = []
+    for cell in cells:
+        progress = f" {cell['done']}/{cell['total']}" if cell["mode"] == "map" else ""
+        label = cell.get("label") or cell["cell_id"]
+        cell_items.append(f"<li>{_e(label)} ({_e(cell['mode'])}{progress}, {cell['elapsed']:.1f} s)</li>")
+    actor_items = []
+    for name, actor in data["actors"].items():
+        if actor.get("running"):
+            detail = f"running {actor['running']}"
+        else:
+            detail = actor.get("error") or f"on {actor.get('node')}: {', '.join(actor.get('names', [])) or '-'}"
+        actor_items.append(f"<li><code>{_e(name)}</code> {_e(detail)}</li>")
+    lists = (
+        f"<div>running cells: {len(cells)}{_list(cell_items)}</div>"
+        f"<div>actors: {len(actor_items)}{_list(actor_items)}</div>"
+    )
+    started = data.get("started") or {}
+    started_items = [
+        f"<li>Serve application <code>{_e(name)}</code> {_e(app['status'])}</li>"
+        for name, app in started.get("serve", {}).items()
+    ]
+    started_items += [f"<li>actor {_e(started_actor(a))}</li>" for a in started.get("actors", [])]
+    if started.get("placement_groups"):
+        started_items.append(f"<li>placement groups: {len(started['placement_groups'])}</li>")
+    if started_items:
+        lists += (
+            f'<div>started by cells: {len(started_items)} <span class="jc-muted">'
+            f"(<code>jc.current().reset_driver()</code> stops them)</span>{_list(started_items)}</div>"
+        )
+    if status.forwards:
+        forward_items = [f"<li>{_e(line)}</li>" for line in status.forwards]
+        lists += f"<div>port forwards: {len(forward_items)}{_list(forward_items)}</div>"
+    title = f"{head}: {len(data['nodes'])} node(s)" + (f" {DASHBOARD_BUTTON}" if button else "")
+    return f'{_STYLE}<div class="jc-card jc-status">{title}<table>{"".join(rows)}</table>{nodes}{lists}</div>'
+
+
+__all__ = ["DASHBOARD_BUTTON", "ClusterStatus", "started_actor", "status_html"]

@@ -7,9 +7,11 @@ somewhere Ray's tools on the head do not look. Over the real sshd on loopback.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import secrets
+import signal
 import stat
 import subprocess
 import sys
@@ -42,6 +44,19 @@ def _options(server: SSHServer) -> dict[str, Any]:
     return {"identity": str(server.identity), "known_hosts": str(server.known_hosts)}
 
 
+def _kill_ray_of_port(port: int) -> None:
+    """Kill the processes of a ``ray start --head --port PORT`` that failed: its GCS, and all that name its address."""
+    for entry in os.listdir("/proc"):
+        try:
+            line = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ours = f"--gcs_server_port={port}" in line or re.search(rf"--gcs[-_]address=\S+:{port}\b", line)
+        if entry.isdigit() and ours:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGKILL)
+
+
 @pytest.fixture
 def hand_started(sshd_server: SSHServer) -> Iterator[Callable[..., str]]:
     """``start(env, temp_dir=None)``: ``ray start --head`` as a user types it; returns the address. Stops exactly
@@ -51,9 +66,17 @@ def hand_started(sshd_server: SSHServer) -> Iterator[Callable[..., str]]:
 
     def start(env: dict[str, str], temp_dir: str | None = None) -> str:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-        args = [RAY, "start", "--head", "--port", str(free_port()), "--num-cpus", "1", "--disable-usage-stats"]
-        args += ["--include-dashboard", "false"] + (["--temp-dir", temp_dir] if temp_dir else [])
-        done = subprocess.run(args, capture_output=True, text=True, env={**environ, **env}, timeout=120)
+        for attempt in (1, 2):
+            port = free_port()
+            args = [RAY, "start", "--head", "--port", str(port), "--num-cpus", "1", "--disable-usage-stats"]
+            args += ["--include-dashboard", "false"] + (["--temp-dir", temp_dir] if temp_dir else [])
+            done = subprocess.run(args, capture_output=True, text=True, env={**environ, **env}, timeout=120)
+            # Ray gives its raylet a fixed 30 s to register; on two cores busy with the rest of the suite that can
+            # pass. Not what these tests are about: what that start left is stopped, and it is tried once more.
+            if attempt == 1 and "timed out during startup" in done.stderr:
+                _kill_ray_of_port(port)
+                continue
+            break
         match = re.search(r"--address='([^']+)'", done.stdout + done.stderr)
         assert done.returncode == 0 and match, done.stderr[-2000:]
         latest = os.path.realpath(os.path.join(temp_dir or "/tmp/ray", "session_latest"))

@@ -13,7 +13,7 @@ def test_all_is_sorted_and_complete() -> None:
     assert jc.__all__ == sorted(jc.__all__)
     for name in jc.__all__:
         assert hasattr(jc, name), name
-    typing_names = {"annotations", "TYPE_CHECKING", "Any", "Callable", "Iterable", "Sequence"}
+    typing_names = {"annotations", "TYPE_CHECKING", "Any", "Callable", "Iterable", "Sequence", "cast"}
     public = {
         name
         for name, value in vars(jc).items()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import math
 import pickle
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +29,7 @@ from ._execute import (
     CellOutcome,
     CellOutput,
     CellSpec,
+    MapChunk,
     Pickled,
     RemoteFailure,
     failed_outputs,
@@ -37,6 +37,7 @@ from ._execute import (
     unwrap,
 )
 from ._interrupt import MainThreadCells, interrupt_process
+from ._map import ChunkWaiter, chunk_size, item_failure, join_lists, pack, submit_chunks
 from ._objects import CellRequestError, Deferred, ObjectTable
 from ._output import CellStreams, OutputPump
 from ._remote import (
@@ -434,67 +435,80 @@ class CellRunner:
         return {"outcome": outcome, "handles": handles}
 
     async def _run_map(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
+        """A ``--map`` cell (see :mod:`._map`: nothing here grows with the items but counting them)."""
         spec = cell.spec
-        items: list[Any] = request["items"].load()
+        items: list[Any] = await asyncio.to_thread(request["items"].load)
         self.cluster.check_feasible(cell.options)
         args = await self._inputs(cell, request)
-        # Tiny items are batched so that scheduling costs do not dominate; there are
-        # still several chunks per CPU so that the cluster stays busy to the end.
-        per_chunk = max(1, math.ceil(len(items) / (4 * self.cluster.cpus())), math.ceil(len(items) / 256))
-        per_chunk = min(per_chunk, int(cell.options.get("chunk") or per_chunk))
-        remote = self._remote(run_map_chunk, 1, task_options(cell.options))
-        chunks = [items[i : i + per_chunk] for i in range(0, len(items), per_chunk)]
+        size = chunk_size(len(items), self.cluster.cpus())
+        remote = self._remote(run_map_chunk, 1 + len(spec.outputs), task_options(cell.options))
         spec_bytes = self._spec_bytes(spec)
-        refs = [remote.remote(spec_bytes, i, chunk, *args) for i, chunk in enumerate(chunks)]
-        cell.refs, cell.total_items = refs, len(items)
-        futures = {asyncio.ensure_future(r): i for i, r in enumerate(refs)}
-        futures_pending = set(futures)
-        cell.emit("started", {"mode": "map", "items": len(items), "chunks": len(chunks)})
-        results: list[list[tuple[CellOutcome, list[Any]]] | None] = [None] * len(refs)
-        failure: RemoteFailure | None = None
-        chunks_sent = 0
-        while futures_pending and failure is None:
-            done, futures_pending = await asyncio.wait(futures_pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
-                index = futures[fut]
-                try:
-                    chunk_result = fut.result()
-                except ray.exceptions.RayError as exc:
+        cell.total_items = len(items)
+        submitted = await asyncio.to_thread(
+            submit_chunks, remote, spec_bytes, items, size, args, lambda: bool(cell.cancelled)
+        )
+        cell.refs = [refs[0] for refs in submitted]
+        if cell.cancelled:  # while the chunks were being submitted: stop those that were
+            self._cancel_map(cell, force=False)
+        cell.emit("started", {"mode": "map", "items": len(items), "chunks": len(submitted)})
+        chunks: list[MapChunk | None] = [None] * len(submitted)
+        failure: list[RemoteFailure] = []
+
+        def on_batch(batch: list[tuple[int, Any]]) -> None:
+            for index, result in batch:
+                if failure:
+                    return
+                if isinstance(result, ray.exceptions.RayError):
+                    start = index * size
                     if cell.cancelled:
-                        failure = _interrupted(cell.cancelled)
+                        failure.append(_interrupted(cell.cancelled))
                     else:
-                        failure = self._lost(cell, exc, _items(spec, index * per_chunk, chunks[index]))
-                    break
-                results[index] = chunk_result
-                chunks_sent += chunk_result[-1][0].chunks_sent
-                cell.done_items += len(chunk_result)
-                bad = next((o.failure for o, _ in chunk_result if o.failure), None)
-                if bad is not None:
-                    failure = bad
-                    failure.message += f"  [in item {index * per_chunk + len(chunk_result) - 1} of --map]"
-                cell.emit("progress", {"done": cell.done_items, "total": cell.total_items})
-        if failure is not None:
-            for ref in cell.refs:
-                ray.cancel(ref, force=False)
-            await self._output_of(cell, chunks_sent, 1.0)
-            return {"outcome": CellOutcome(failure=failure), "handles": {}}
-        await self._output_of(cell, chunks_sent)
-        outcomes = [o for chunk in results for o, _ in (chunk or [])]
+                        failure.append(self._lost(cell, result, _items(spec, start, items[start : start + size])))
+                else:
+                    chunks[index] = result
+                    cell.done_items += result.count
+                    if result.failure is not None:
+                        failure.append(item_failure(result.failure, result.start + result.failed_at))
+            if failure:
+                waiter.stop()
+            cell.emit("progress", {"done": cell.done_items, "total": cell.total_items})
+
+        waiter = ChunkWaiter(self.loop, cell.refs, on_batch)
+        await waiter.ended
+        sent = sum(c.chunks_sent for c in chunks if c is not None)
+        if failure or cell.cancelled or any(c is None for c in chunks):
+            self._cancel_map(cell, force=False)
+            await self._output_of(cell, sent, 1.0)
+            why = failure[0] if failure else _interrupted(cell.cancelled or "the agent is stopping")
+            return {"outcome": CellOutcome(failure=why), "handles": {}}
+        await self._output_of(cell, sent)
+        done = [c for c in chunks if c is not None]
         handles: dict[str, str] = {}
         for j, name in enumerate(spec.outputs):
-            parts: list[Any] = []
-            for chunk in results:
-                for outcome, refs_ in chunk or []:
-                    info = outcome.outputs[name]
-                    if info.kind == "remote":
-                        info.meta["handle"] = handle_id = f"{spec.cell_id}/{name}/{len(parts)}"
-                        self.table.add(handle_id, refs_[j])
-                        parts.append(refs_[j])
-                    else:
-                        parts.append(Pickled(info.data) if info.kind == "inline" else None)
+            for chunk in done:
+                for k, ref in chunk.refs.get(name, {}).items():
+                    handle_id = f"{spec.cell_id}/{name}/{chunk.start + k}"
+                    chunk.outputs[name].other[k].meta["handle"] = handle_id
+                    self.table.add(handle_id, ref)
             handles[name] = handle_id = f"{spec.cell_id}/{name}"
-            self.table.settle(handle_id, assemble.remote(*parts))
-        return {"items": outcomes, "handles": handles}
+            self.table.settle(handle_id, join_lists.remote(*[refs[1 + j] for refs in submitted]))
+        return {"map": await asyncio.to_thread(pack, done), "count": len(items), "handles": handles}
+
+    def _cancel_map(self, cell: RunningCell, force: bool) -> None:
+        """Cancel a map's chunk tasks, on a thread: there may be very many (``--chunk 1``)."""
+        refs = list(cell.refs)
+
+        def cancel() -> None:
+            for ref in refs:
+                try:
+                    ray.cancel(ref, force=force)
+                except Exception:  # already finished
+                    pass
+
+        if len(refs) <= 64:
+            cancel()
+        else:
+            self.loop.run_in_executor(None, cancel)
 
     def driver_cell_emit(self) -> Emit | None:
         """The emit of the driver cell started last and still running (any thread may ask)."""
@@ -521,8 +535,11 @@ class CellRunner:
             cell.interrupting = asyncio.ensure_future(self._interrupt_actor(cell))
             grace = RUN_GRACE if cell.options.get("ephemeral") else CANCEL_GRACE
             self.loop.call_later(grace, self._abandon, cell)
+        elif cell.mode == "map":
+            self._cancel_map(cell, force=False)
+            self.loop.call_later(CANCEL_GRACE, self._force_cancel, cell)
         else:
-            for ref in cell.refs if cell.mode == "map" else cell.refs[:1]:
+            for ref in cell.refs[:1]:
                 ray.cancel(ref, force=False)
             self.loop.call_later(CANCEL_GRACE, self._force_cancel, cell)
         return True
@@ -591,8 +608,10 @@ class CellRunner:
         return _interrupted(cell.cancelled, message)
 
     def _force_cancel(self, cell: RunningCell) -> None:
-        if cell.cell_id in self.running:
-            for ref in cell.refs if cell.mode == "map" else cell.refs[:1]:
+        if cell.cell_id in self.running and cell.mode == "map":
+            self._cancel_map(cell, force=True)
+        elif cell.cell_id in self.running:
+            for ref in cell.refs[:1]:
                 try:
                     ray.cancel(ref, force=True)
                 except Exception:  # already finished

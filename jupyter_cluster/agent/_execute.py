@@ -135,6 +135,70 @@ class CellOutcome:
     elapsed: float = 0.0
 
 
+@dataclass
+class MapOutput:
+    """One exported name (or the last expression's value) over the items of a ``--map`` chunk.
+
+    Flat on purpose: a million items are a million small pickles in one list, not a million
+    :class:`OutputInfo` objects, so that a chunk costs the agent (which only passes it on)
+    and the notebook (which reads it) one pickle each."""
+
+    #: Per item: its value's pickle where it came back inline, else None.
+    inline: list[bytes | None] = field(default_factory=list)
+    #: The items that did not come back inline (remote, module, missing, ...), by index in the chunk.
+    other: dict[int, OutputInfo] = field(default_factory=dict)
+
+    def add(self, info: OutputInfo | None) -> None:
+        if info is not None and info.kind == "inline":
+            self.inline.append(info.data)
+            return
+        if info is not None:
+            self.other[len(self.inline)] = info
+        self.inline.append(None)
+
+    def info(self, index: int) -> OutputInfo | None:
+        """Item ``index``'s output as a cell's own would be (None: the item had none)."""
+        data = self.inline[index]
+        return OutputInfo("inline", data) if data is not None else self.other.get(index)
+
+    def kinds(self) -> set[str]:
+        """The kinds of the items that did not come back inline."""
+        return {info.kind for info in self.other.values()}
+
+
+@dataclass
+class MapChunk:
+    """What one chunk of a ``--map`` sends back: a summary and, per output, its items' values.
+
+    The values themselves (for later cells) travel beside it, as one list per output; values too
+    large to come back stay in the object store, and ``refs`` holds them (by output name and
+    index in the chunk) until the agent takes them out: the notebook never sees an ObjectRef."""
+
+    start: int
+    count: int = 0
+    outputs: dict[str, MapOutput] = field(default_factory=dict)
+    values: MapOutput = field(default_factory=MapOutput)
+    #: The first item that failed (the chunk stops there), and its index in the chunk.
+    failure: RemoteFailure | None = None
+    failed_at: int = -1
+    chunks_sent: int = 0
+    node: str = ""
+    elapsed: float = 0.0
+    refs: dict[str, dict[int, Any]] = field(default_factory=dict)
+
+    def add(self, spec: CellSpec, outcome: CellOutcome) -> None:
+        """Item number ``self.count``'s outcome."""
+        for name in spec.outputs:
+            self.outputs.setdefault(name, MapOutput()).add(outcome.outputs.get(name))
+        self.values.add(outcome.value)
+        if outcome.failure is not None and self.failure is None:
+            self.failure, self.failed_at = outcome.failure, self.count
+        self.count += 1
+        self.chunks_sent = outcome.chunks_sent  # the items share one output: the last counts every batch
+        self.node = outcome.node
+        self.elapsed += outcome.elapsed
+
+
 class CellStream(io.TextIOBase):
     """A text stream that batches writes into chunks for a :data:`Sink`.
 

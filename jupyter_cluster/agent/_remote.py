@@ -23,6 +23,7 @@ from ._execute import (
     CellOutput,
     CellSpec,
     FailedValue,
+    MapChunk,
     OutputInfo,
     failed_outputs,
     failure_from,
@@ -121,30 +122,44 @@ def run_cell_task(spec_bytes: bytes, *values: Any) -> Any:
 
 
 @ray.remote
-def run_map_chunk(spec_bytes: bytes, chunk: int, items: list[Any], *values: Any) -> list[tuple[CellOutcome, list[Any]]]:
-    """Several items of a ``--map`` cell, each in its own fresh namespace.
+def run_map_chunk(spec_bytes: bytes, chunk: int, start: int, items: list[Any], *values: Any) -> Any:
+    """Items ``start``... of a ``--map`` cell, each in its own fresh namespace; returns
+    ``(MapChunk, *one list per output)``.
 
-    Large outputs are put in the object store here; their refs travel inside the
-    outcome, so nothing large is copied to the agent.
+    The inputs are bound once for the chunk, not once per item. Each output's list holds
+    the items' values for later cells; a value too large to come back is put in the object
+    store here and its ref stands in the list (and in the chunk's ``refs``), so nothing
+    large is copied to the agent.
     """
     spec: CellSpec = pickle.loads(spec_bytes)
     announce(spec, chunk, len(items))
-    results = []
     output = CellOutput(_relay_sink(spec, chunk))
     assert spec.map_name is not None
+    result = MapChunk(start)
+    lists: list[list[Any]] = [[] for _ in spec.outputs]
+    failure = upstream_failure(spec, values)
+    bound: dict[str, Any] = {}
+    if failure is None:
+        bind_inputs(spec, bound, values)
     for item in items:
+        if failure is not None:
+            result.add(spec, CellOutcome(failure=failure, node=node_ip()))
+            break
         ns = fresh_namespace()
+        ns.update(bound)
         ns[spec.map_name] = item
-        outcome, exported = run_cell_in(spec, ns, values, output)
-        refs: list[Any] = []
-        for name, value in zip(spec.outputs, exported, strict=False):
-            info = outcome.outputs.get(name)
-            refs.append(ray.put(value) if info is not None and info.kind == "remote" else None)
-        results.append((outcome, refs))
+        outcome, exported = run_in_namespace(spec, ns, output, node_ip())
+        result.add(spec, outcome)
         if outcome.failure is not None:
             break
-    # The output is shared by the chunk's items: the last outcome counts every batch.
-    return results
+        for name, value, kept in zip(spec.outputs, exported, lists, strict=True):
+            info = outcome.outputs.get(name)
+            if info is not None and info.kind == "remote":
+                value = result.refs.setdefault(name, {})[result.count - 1] = ray.put(value)
+            elif info is None or info.kind != "inline":
+                value = None
+            kept.append(value)
+    return (result, *lists) if lists else result
 
 
 @ray.remote

@@ -1,4 +1,4 @@
-"""What the notebook draws: the cluster dashboard, cell progress, the status card.
+"""What the notebook draws: the cluster dashboard, cell progress, trials and training runs.
 
 Kernel side only; widgets never reach Ray. They draw what the agent sends through the
 session (metrics deltas, cell events) and what the kernel already knows. Bokeh and
