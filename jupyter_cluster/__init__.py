@@ -37,10 +37,15 @@ from ._errors import (
 from ._handles import ObjectHandle
 from ._runs import Checkpoint, Run, RunError, TrainResult, TuneResult, train_torch, tune
 from ._version import __version__ as __version__
+from ._views import use as _use_views
 from .agent._space import SpaceError, choice, grid_search, loguniform, randint, uniform
+from .widgets import NotebookViews as _NotebookViews
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+
+# The API draws with the widgets, which sit above it: handed down here, at the top.
+_use_views(_NotebookViews())
 
 
 def submit(

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
+from . import _views
 from ._analysis import analyse_cell
 from ._cell import RemoteCell
 from ._errors import (
@@ -36,6 +37,7 @@ from ._link import AgentLink, UnixTransport
 from ._local import EmbeddedAgent
 from ._modules import NotebookModules
 from ._status import ClusterStatus
+from ._views import ProgressView
 from .agent._execute import CellSpec, cell_filename
 
 #: Outputs larger than this stay on the cluster behind a handle.
@@ -367,12 +369,10 @@ class Cluster:
         """
         handles = [self.submit(fn, *args, cpus=cpus, gpus=gpus) for args in zip(*iterables, strict=False)]
         if handles and _show_progress(progress, len(handles)):
-            from .widgets._progress import ProgressBar
-
-            bar = ProgressBar(len(handles), f"jc.map({getattr(fn, '__name__', 'fn')})", unit="calls")
+            bar = _views.views.progress(len(handles), f"jc.map({getattr(fn, '__name__', 'fn')})", "calls")
             ids = [h.id for h in handles]
             body = {"handles": ids, "num_returns": len(handles), "timeout": None, "progress": True}
-            tracker = self._link.request("wait", body, _bar_events(bar))
+            tracker = self._link.request("wait", body, bar.on_wait())
             self._trackers.append((frozenset(ids), tracker.future))
         return handles
 
@@ -445,10 +445,8 @@ class Cluster:
         return ready, [h for h in handles if h.id not in ready_ids]
 
     def _wait_with_bar(self, body: dict[str, Any], timeout: float | None, delay: float) -> Any:
-        from .widgets._progress import ProgressBar
-
         seen: list[tuple[str, Any]] = []
-        bar: list[ProgressBar] = []
+        bar: list[ProgressView] = []
         lock = threading.Lock()
 
         def on_event(event: str, data: Any) -> None:
@@ -466,8 +464,8 @@ class Cluster:
         except RequestError as exc:
             raise self._failure(exc) from None
         with lock:
-            bar.append(ProgressBar(len(body["handles"]), "jc.wait", unit="handles"))
-            relay = _bar_events(bar[0], wanted=body["num_returns"])
+            bar.append(_views.views.progress(len(body["handles"]), "jc.wait", "handles"))
+            relay = bar[0].on_wait(wanted=body["num_returns"])
             for event, data in seen:
                 relay(event, data)
         try:
@@ -710,25 +708,6 @@ def _in_kernel() -> bool:
         return False
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-def _bar_events(bar: Any, wanted: int | None = None) -> Callable[[str, Any], None]:
-    """Drive ``bar`` from the events of a ``wait`` request with progress."""
-
-    def on_event(event: str, data: Any) -> None:
-        if event == "progress":
-            bar.update(done=data["done"], failed=data["failed"])
-        elif event == "done":
-            ready = len(data)
-            if wanted is not None and ready < wanted:
-                bar.finish("timed out", f"{ready} of the {wanted} waited for are ready", done=ready)
-            else:
-                bar.finish("done", done=ready)
-        elif event in ("error", "lost"):
-            message = data.get("message") if isinstance(data, dict) else str(data)
-            bar.finish("failed", str(message).splitlines()[0] if message else "")
-
-    return on_event
 
 
 #: Called as ``watcher(kind, data)`` with what the JupyterLab sidebar shows, on any thread:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from . import _views
 from ._errors import CellInterrupted, ClusterError, InputError, RemoteError, remote_error
 from .agent._runs import flat
 from .agent._space import SpaceError, check
@@ -445,7 +446,6 @@ def train_torch(
     >>> model.load_state_dict(result.checkpoint.state_dict())                    # doctest: +SKIP
     """
     from ._cluster import attached
-    from .widgets._training import TrainingView
 
     cluster = cluster or attached()
     num_workers = _positive_int("num_workers", num_workers)
@@ -520,7 +520,7 @@ def train_torch(
         source = TRAIN_SOURCE
     fn_name = getattr(train_func, "__name__", "creators") if train_func is not None else "creators"
     label = f"jc.train_torch({fn_name})"
-    view = _view(progress, lambda: TrainingView(label, num_workers))
+    view = _view(progress, lambda: _views.views.training(label, num_workers))
     run = _start(cluster, "train", source, namespace, label, view, _train_result)
     return run.wait() if block else run
 
@@ -598,7 +598,6 @@ def tune(
     >>> result.best_config                                                      # doctest: +SKIP
     """
     from ._cluster import attached
-    from .widgets._trials import TrialsView
 
     cluster = cluster or attached()
     if not callable(trainable):
@@ -642,7 +641,7 @@ def tune(
         "storage_path": storage_path,
     }
     label = f"jc.tune({getattr(trainable, '__name__', 'trainable')})"
-    view = _view(progress, lambda: TrialsView(label, metric, mode))
+    view = _view(progress, lambda: _views.views.trials(label, metric, mode))
     run = _start(
         cluster,
         "tune",

@@ -15,7 +15,8 @@
 #      editable, with its dev extras: pip install -e ".[dev]", which builds the JupyterLab
 #      sidebar (labextension/: jlpm install and build, so Node 18 or later must be on PATH).
 #   3. The `python3` Jupyter kernel, into this environment: python -m ipykernel install --sys-prefix.
-#   4. The tests: with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
+#   4. The tests: the layers of the kernel side (lint-imports, pyproject.toml's [tool.importlinter]); then
+#      with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
 #      unit tests (jest, in labextension/), then the whole suite as two pytest processes side
 #      by side (the examples, the link-loss tests, which mostly wait out long outages, and the
 #      Train/Tune runs beside the rest). Exits with the status of the first
@@ -87,6 +88,10 @@ echo "::: the python3 kernel, into $("$PYTHON" -c 'import sys; print(sys.prefix)
 "$PYTHON" -m ipykernel install --sys-prefix
 
 # ---------------------------------------------------------------- tests
+
+# The kernel side's layers and the agent's independence (pyproject.toml's [tool.importlinter]).
+echo "::: the layers: lint-imports"
+"$PYTHON" -c 'import sys; from importlinter.cli import lint_imports_command; sys.argv[0] = "lint-imports"; sys.exit(lint_imports_command())'
 
 # With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
 # processes side by side, of about the same length on two cores: the example notebooks, the

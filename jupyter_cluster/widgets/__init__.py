@@ -10,6 +10,25 @@ from __future__ import annotations
 from typing import Any
 
 
+class NotebookViews:
+    """The widgets as the API's views (:mod:`jupyter_cluster._views`); each module is imported when first drawn."""
+
+    def progress(self, total: int, label: str, unit: str) -> Any:
+        from ._progress import ProgressBar
+
+        return ProgressBar(total, label, unit=unit)
+
+    def training(self, label: str, num_workers: int) -> Any:
+        from ._training import TrainingView
+
+        return TrainingView(label, num_workers)
+
+    def trials(self, label: str, metric: str, mode: str) -> Any:
+        from ._trials import TrialsView
+
+        return TrialsView(label, metric, mode)
+
+
 def __getattr__(name: str) -> Any:
     if name == "Dashboard":
         from ._dashboard import Dashboard
@@ -18,4 +37,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Dashboard"]
+__all__ = ["Dashboard", "NotebookViews"]

@@ -14,6 +14,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 GREEN, BLUE, RED, GREY = "#2e7d32", "#64b5f6", "#c62828", "#9e9e9e"
@@ -143,6 +144,25 @@ class ProgressBar(_Display):
             self.done = max(self.done, self.total)
         self.running = 0
         self.redraw(now=True)
+
+    def on_wait(self, wanted: int | None = None) -> Callable[[str, Any], None]:
+        """What drives this bar from the events of a ``wait`` request with progress (``jc.map``, ``jc.wait``):
+        ``wanted``, the handles waited for (``num_returns``), when not all of them."""
+
+        def on_event(event: str, data: Any) -> None:
+            if event == "progress":
+                self.update(done=data["done"], failed=data["failed"])
+            elif event == "done":
+                ready = len(data)
+                if wanted is not None and ready < wanted:
+                    self.finish("timed out", f"{ready} of the {wanted} waited for are ready", done=ready)
+                else:
+                    self.finish("done", done=ready)
+            elif event in ("error", "lost"):
+                message = data.get("message") if isinstance(data, dict) else str(data)
+                self.finish("failed", str(message).splitlines()[0] if message else "")
+
+        return on_event
 
     def summary(self) -> str:
         took = elapsed(self.elapsed)
