@@ -135,6 +135,9 @@ def test_out_naming_a_name_the_cell_did_not_assign_says_so(kernel: Kernel) -> No
 
 # 7. Actor cells stop on --timeout and interrupt --------------------------------------
 def test_timeout_and_interrupt_stop_an_actor_cell(kernel: Kernel) -> None:
+    # The actor first: this is about a running cell (on a loaded machine the actor's process can take longer to
+    # start than the --timeout, and a cell cancelled before it ran has set nothing to survive).
+    kernel.ok("%%remote --actor sleeper\npass")
     start = time.monotonic()
     reply, messages = kernel.execute("%%remote --actor sleeper --timeout 3\nimport time\nkept = 'yes'\ntime.sleep(40)")
     assert reply["status"] == "error" and "--timeout 3" in error_text(messages), reply
