@@ -89,6 +89,7 @@ def test_only_while_attached_and_only_what_changed(node: tuple[type[_Node], int]
         assert [e["left"] for e in events if e["left"]] == [["b"]] and events[-1]["nodes"] == {}
         assert sampler.unwatch("w1") and not sampler.unwatch("w1")
         await asyncio.wait_for(watch, 1)
+        await asyncio.sleep(0.3)  # a scrape already on its way may still land (seen on a loaded machine)
         hits = handler.hits
         await asyncio.sleep(0.3)
         assert handler.hits == hits, "it kept scraping with no one watching"

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from ._reaper import Reaper
+from ._reaper import Reaper, descendants
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -113,9 +113,40 @@ def init_ray(args: argparse.Namespace) -> None:
     if args.ship:
         # The agent's code was shipped to this head only: Ray carries it to every worker.
         kwargs["runtime_env"] = {"py_modules": [os.path.join(args.ship, "jupyter_cluster")]}
-    ray.init(**kwargs)
+    if not args.local:
+        ray.init(**kwargs)
+    else:
+        _init_local(ray, kwargs)
     if args.local:
         wait_for_workers(int(ray.available_resources().get("CPU", 0)))
+
+
+#: How often the embedded cluster's start is tried when Ray says it timed out starting.
+LOCAL_START_ATTEMPTS = 2
+
+
+def _init_local(ray: Any, kwargs: dict[str, Any]) -> None:
+    """``ray.init`` of the embedded cluster, on a machine that may be busy (a small container, a laptop mid-build).
+
+    Ray gives a starting node fixed windows of 30 s: its raylet waits that long for the node's dashboard agent (a
+    Python process, slow to import on a loaded machine; raised here to 90 s), and ``ray.init`` as long for the
+    raylet. A start that timed out is tried once more, after what it left is killed (all this agent's children:
+    nothing else is)."""
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "90000")
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as exc:
+            if attempt == LOCAL_START_ATTEMPTS or "timed out during startup" not in str(exc):
+                raise
+            log.warning("Ray timed out starting the embedded cluster (%s); trying once more", exc)
+            for pid in descendants(os.getpid()):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(2)
 
 
 def wait_for_workers(count: int, timeout: float = 60.0) -> None:
