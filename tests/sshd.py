@@ -41,6 +41,8 @@ from typing import Any
 
 import pytest
 
+from jupyter_cluster.agent._reaper import descendants
+
 __all__ = [
     "CuttableLink",
     "SSHEndpoint",
@@ -117,27 +119,6 @@ def _answers_ssh(host: str, port: int) -> bool:
         return False
 
 
-def _descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _kill_pids(pids: Sequence[int]) -> None:
     """SIGKILL each pid that still exists."""
     for pid in pids:
@@ -147,7 +128,7 @@ def _kill_pids(pids: Sequence[int]) -> None:
 
 def _stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
     """Terminate ``proc`` and every process it started (sshd's per-connection children included)."""
-    family = _descendants(proc.pid)
+    family = descendants(proc.pid)
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -155,7 +136,7 @@ def _stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout)
-    _kill_pids(family + _descendants(proc.pid))
+    _kill_pids(family + descendants(proc.pid))
 
 
 # --------------------------------------------------------------------------- keys
@@ -381,7 +362,7 @@ class SSHServer(SSHEndpoint):
         close their sockets, so clients see a clean close (FIN), not a reset."""
         if self.proc is None:
             return
-        family = [self.proc.pid, *_descendants(self.proc.pid)]
+        family = [self.proc.pid, *descendants(self.proc.pid)]
         for pid in family:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGTERM)
