@@ -574,6 +574,7 @@ def tune(
     search_options: dict[str, Any] | None = None,
     resources_per_trial: dict[str, float] | None = None,
     max_concurrent_trials: int | None = None,
+    reuse_actors: bool | None = None,
     stop: dict[str, Any] | None = None,
     name: str | None = None,
     storage_path: str | None = None,
@@ -589,7 +590,10 @@ def tune(
     own domains). ``scheduler`` is ``"asha"``, ``"hyperband"``, ``"pbt"`` or ``"fifo"``
     (options, such as PBT's ``hyperparam_mutations``, in ``scheduler_options``) or a
     Ray Tune scheduler; ``search_alg`` is ``"optuna"``, ``"bayesopt"``, ``"hyperopt"``
-    (options in ``search_options``) or a Ray Tune searcher. A table of trials and their
+    (options in ``search_options``) or a Ray Tune searcher. ``reuse_actors`` is Ray Tune's
+    (a trial's process goes on to the next trial); unset, it is on for a population-based
+    scheduler, whose trials pause and resume in turns when there are more than CPUs for them,
+    and off otherwise, as in Ray. A table of trials and their
     curves update below the cell. Returns a :class:`TuneResult`, or with
     ``block=False`` a :class:`Run` at once.
 
@@ -610,6 +614,8 @@ def tune(
     _positive_int("num_samples", num_samples)
     if max_concurrent_trials is not None:
         _positive_int("max_concurrent_trials", max_concurrent_trials)
+    if reuse_actors is not None and not isinstance(reuse_actors, bool):
+        raise InputError(f"reuse_actors must be True, False or None (Ray Tune's choice), not {reuse_actors!r}")
     check(param_space)
     if isinstance(scheduler, str) and scheduler not in SCHEDULERS:
         raise InputError(
@@ -636,6 +642,7 @@ def tune(
         "search_options": dict(search_options or {}),
         "resources_per_trial": _resources("resources_per_trial", resources_per_trial),
         "max_concurrent_trials": max_concurrent_trials,
+        "reuse_actors": reuse_actors,
         "stop": stop,
         "name": name,
         "storage_path": storage_path,

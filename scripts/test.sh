@@ -18,8 +18,8 @@
 #   4. The tests: the layers of the kernel side (lint-imports, pyproject.toml's [tool.importlinter]); then
 #      with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
 #      unit tests (jest, in labextension/), then the whole suite as two pytest processes side
-#      by side (the examples, the link-loss tests, which mostly wait out long outages, and the
-#      Train/Tune runs beside the rest). Exits with the status of the first
+#      by side (the examples and the link-loss tests, which mostly wait out long outages, beside
+#      the rest). Exits with the status of the first
 #      that failed; pytest's exit code 5 (no tests collected) is reported as a failure.
 set -euo pipefail
 
@@ -94,9 +94,9 @@ echo "::: the layers: lint-imports"
 "$PYTHON" -c 'import sys; from importlinter.cli import lint_imports_command; sys.argv[0] = "lint-imports"; sys.exit(lint_imports_command())'
 
 # With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
-# processes side by side, of about the same length on two cores: the example notebooks, the
-# link-loss tests (which mostly wait out outages of 45 s or more) and the Train/Tune runs in one,
-# all the others in the other. (A third process, for the link-loss tests alone, loaded the
+# processes side by side, of about the same length on two cores: the example notebooks and the
+# link-loss tests (which mostly wait out outages of 45 s or more) in one, all the others in the
+# other (in CI: 2103 s for the first with the Train/Tune runs in it, 1440 s for the second). (A third process, for the link-loss tests alone, loaded the
 # machine enough that an interrupt timed to land while a link was down landed elsewhere.)
 # Each group beside the main process keeps its Ray sessions in a folder of its own
 # (RAY_TMPDIR), so that no test reading /tmp/ray/session_latest meets their clusters, and the
@@ -122,7 +122,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py"
+    "tests/test_examples.py tests/test_link_loss.py"
 )
 ignore=()
 pids=()

@@ -50,7 +50,8 @@ def _yaml(name: str, key: Path | str, hosts: SSHHosts | None = None, **extra: An
     authentication is off, stated on both sides (the shared ~/.ray/auth_token would turn it on for the head only).
     The head keeps its session in /tmp/NAME (not in /tmp/ray, which this machine's other Ray clusters share)."""
     head, worker = ("10.213.0.2", "10.213.0.3") if hosts is None else (hosts.head.host, hosts.worker.host)
-    off = "RAY_AUTH_MODE=disabled"
+    # The dashboard agent gets 90 s to register with its raylet (Ray's 30 s can pass on two busy cores).
+    off = "RAY_AUTH_MODE=disabled RAY_agent_register_timeout_ms=90000"
     config: dict[str, Any] = {
         "cluster_name": name,
         "provider": {"type": "local", "head_ip": head, "worker_ips": [worker]},
@@ -93,12 +94,17 @@ def _nodes(cluster: jc.Cluster) -> set[str]:
 
 
 def _monitor_tail(name: str) -> str:
-    """The last lines of the head autoscaler's logs (why a worker did not join)."""
+    """What the head autoscaler's logs say of why a worker did not join: the last lines of monitor.log, and the
+    lines of monitor.out (where the node updater writes what its SSH commands printed) that say something failed."""
     tails = []
-    for log in ("monitor.log", "monitor.out"):
-        with contextlib.suppress(OSError):
-            text = Path(f"/tmp/{name}/session_latest/logs/{log}").read_text(errors="replace")
-            tails.append(f"--- {log}:\n{text[-1500:]}")
+    with contextlib.suppress(OSError):
+        text = Path(f"/tmp/{name}/session_latest/logs/monitor.log").read_text(errors="replace")
+        tails.append(f"--- monitor.log:\n{text[-1500:]}")
+    with contextlib.suppress(OSError):
+        lines = Path(f"/tmp/{name}/session_latest/logs/monitor.out").read_text(errors="replace").splitlines()
+        said = [line for line in lines if any(word in line.lower() for word in ("error", "fail", "timed out", "exit"))]
+        tails.append("--- monitor.out, what failed:\n" + "\n".join(said[-40:]))
+        tails.append("--- monitor.out, the end:\n" + "\n".join(lines[-60:]))
     return "\n".join(tails) or "(no monitor logs)"
 
 

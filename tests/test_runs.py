@@ -93,6 +93,10 @@ def test_bad_input_is_refused_before_anything_runs(cluster: jc.Cluster) -> None:
         ),
         (lambda: jc.tune(train_ok, {"lr": 0.1}, metric="loss", mode="min", search_alg="grid"), "unknown search_alg"),
         (lambda: jc.tune(train_ok, {"lr": 0.1}, metric="loss", mode="min", num_samples=0), "num_samples"),
+        (
+            lambda: jc.tune(train_ok, {"lr": 0.1}, metric="loss", mode="min", reuse_actors="yes"),
+            "reuse_actors must be True, False or None",
+        ),
         (lambda: jc.uniform(1.0, 0.1), "the lower bound must be below the upper one"),
         (lambda: jc.loguniform(0, 1), "must be positive"),
         (lambda: jc.randint(3, 3), "is empty"),

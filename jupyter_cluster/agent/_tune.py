@@ -225,6 +225,7 @@ def _trial_error(trial: Any) -> str:
 def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """Fit a ``Tuner`` as ``spec`` says; a summary the notebook turns into a result."""
     from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
 
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # the callback says it, naming what was reported
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # with verbose=0: no progress tables; the widget draws them
@@ -245,6 +246,9 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
     max_t = getattr(scheduler, "_max_t", None) or getattr(scheduler, "_max_t_attr", None)
     callback = _callback_class()(send, metric, max_t if isinstance(max_t, (int, float)) else None)
     wrapped = tune.with_resources(wrap(trainable, relay, cell_id), resources)
+    reuse = spec.get("reuse_actors")
+    if reuse is None:  # PBT pauses and resumes trials in turns: a new process for each turn is most of its time
+        reuse = isinstance(scheduler, PopulationBasedTraining)
     tuner = tune.Tuner(
         wrapped,
         param_space=to_tune(spec["param_space"]),
@@ -255,6 +259,7 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
             scheduler=scheduler,
             search_alg=searcher,
             max_concurrent_trials=spec.get("max_concurrent_trials"),
+            reuse_actors=reuse,
         ),
         run_config=tune.RunConfig(
             name=name, storage_path=storage, callbacks=[callback], verbose=0, stop=spec.get("stop")
