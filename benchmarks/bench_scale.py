@@ -10,11 +10,19 @@
   latency of one notebook's cells while the others are attached and idle.
 - ``values``: one value of 1 MB ... 2 GB (a numpy array) sent to a cell and the cell's copy fetched back
   (``%%remote`` then ``jc.get``), against ``ray.put`` / a task / ``ray.get`` in the same kernel.
+- ``dashboard``: a live dashboard over 1 ... 1,000 nodes (the embedded cluster's one, the others simulated:
+  127.0.0.2 and up, each serving a recorded Ray node's metrics, see ``tests/prometheus.py``), its figures
+  scraped by the agent from each node, then read from a real Prometheus server (Debian's ``prometheus``,
+  scraping every 5 s the embedded node, a static target since Ray writes its service discovery file from its
+  dashboard, which the embedded cluster does not run, and the simulated nodes): the CPU of
+  the agent and of the kernel as a share of one core, and the bytes a second on the link, over at least
+  three of the agent's rounds. Each count starts a kernel and a cluster of its own.
 
 Prints a table per section and ratios, writes ``benchmarks/scale.json``, and draws ``benchmarks/scale.png``
 (``--plot-only`` redraws it from the JSON).
 
-Run: ``python benchmarks/bench_scale.py [--only map,cells,notebooks,values] [--max-map 1000000]``.
+Run: ``python benchmarks/bench_scale.py [--only map,cells,notebooks,values,dashboard] [--max-map 1000000]
+[--max-nodes 1000]``.
 """
 
 from __future__ import annotations
@@ -275,6 +283,86 @@ def bench_values(kernel: Kernel, agent: int, sizes: list[int]) -> list[dict[str,
     return rows
 
 
+# --------------------------------------------------------------------- dashboard
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of ``pid`` so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _dashboard_cost(kernel: Kernel, agent: int, least: float) -> dict[str, float]:
+    """CPU shares and link bytes a second while the dashboard ``dash`` is open, over at least three rounds."""
+    _, every = kernel.run("import time\ntime.sleep(3)\nprint(dash.feed.source.get('every', 1.0))")
+    seconds = max(least, min(200.0, 3 * float(every)))
+    _, before = kernel.run("print(jc.current()._link.bytes_received)")
+    k0, a0, t0 = _cpu_seconds(kernel.pid), _cpu_seconds(agent), time.monotonic()
+    time.sleep(seconds)
+    k1, a1, t1 = _cpu_seconds(kernel.pid), _cpu_seconds(agent), time.monotonic()
+    _, after = kernel.run("print(jc.current()._link.bytes_received)")
+    wall = t1 - t0
+    return {
+        "every_s": float(every),
+        "seconds": wall,
+        "agent_cpu": 100 * (a1 - a0) / wall,
+        "kernel_cpu": 100 * (k1 - k0) / wall,
+        "link_bytes_per_s": (int(after) - int(before)) / wall,
+    }
+
+
+def bench_dashboard(counts: list[int], cpus: int, seconds: float) -> list[dict[str, Any]]:
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(HERE.parent))
+    from tests.prometheus import PrometheusServer, SimulatedNodes
+
+    rows = []
+    print(f"\n{'nodes':>6s} {'source':>11s} {'every':>7s} {'agent CPU':>10s} {'kernel CPU':>11s} {'link':>10s}", end="")
+    print("  target (Prometheus, 1,000 nodes): agent <= 3 %, kernel <= 2 %, link <= 20 KB/s")
+    for count in counts:
+        simulated = SimulatedNodes(count - 1, "pending")
+        os.environ["JUPYTER_CLUSTER_METRICS_NODES"] = simulated.endpoints_env()
+        kernel, agent, _, _ = start(cpus)
+        server = None
+        try:
+            _, where = kernel.run(
+                "%%remote --driver --out _where\nnode = ray._private.worker.global_worker.node\n"
+                "n = ray.nodes()[0]\n"
+                "_where = f\"{node.session_name} {n['NodeManagerAddress']}:{n['MetricsExportPort']}\"\n"
+                "print(_where)"
+            )
+            session, head = where.split()[-2:]
+            simulated.rename(session)
+            kernel.run("jc.current().metrics_source(False)\ndash = jc.dashboard()")
+            cost = _dashboard_cost(kernel, agent, seconds)
+            rows.append({"nodes": count, "source": "scrape", **cost})
+            print(_dashboard_row(rows[-1]))
+            folder = Path(tempfile.mkdtemp(prefix="bench-prometheus-"))
+            server = PrometheusServer(folder, None, [head, *simulated.targets], interval="5s")
+            server.wait_for(f'count(ray_node_cpu_utilization{{SessionName="{session}"}})', count, timeout=120)
+            kernel.run(f"jc.current().metrics_source({server.url!r})")
+            cost = _dashboard_cost(kernel, agent, seconds)
+            rows.append({"nodes": count, "source": "prometheus", **cost})
+            print(_dashboard_row(rows[-1]))
+            kernel.run("dash.close()\nray.shutdown()\n%cluster down", timeout=120)
+        finally:
+            kernel.stop()
+            if server is not None:
+                server.stop()
+            simulated.close()
+            os.environ.pop("JUPYTER_CLUSTER_METRICS_NODES", None)
+    return rows
+
+
+def _dashboard_row(row: dict[str, Any]) -> str:
+    return (
+        f"{row['nodes']:6,d} {row['source']:>11s} {row['every_s']:6.1f}s {row['agent_cpu']:9.2f}% "
+        f"{row['kernel_cpu']:10.2f}% {row['link_bytes_per_s'] / 1024:7.1f}KB/s"
+    )
+
+
 # -------------------------------------------------------------------------- plot
 
 
@@ -284,7 +372,7 @@ def plot(results: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    fig, axes = plt.subplots(3, 2, figsize=(11, 12))
     if results.get("map"):
         ax = axes[0][0]
         rows = results["map"]
@@ -319,6 +407,18 @@ def plot(results: dict[str, Any]) -> None:
         ax.loglog(size, [r["raw_there_s"] + r["raw_back_s"] for r in rows], "s--", label="ray.put, task, ray.get")
         ax.set(title="one value there and back", xlabel="MB", ylabel="seconds")
         ax.legend()
+    if results.get("dashboard"):
+        rows = results["dashboard"]
+        for ax, key, title in (
+            (axes[2][0], "agent_cpu", "dashboard: the agent's CPU (% of a core)"),
+            (axes[2][1], "link_bytes_per_s", "dashboard: bytes a second on the link"),
+        ):
+            for source, style in (("scrape", "o-"), ("prometheus", "s--")):
+                picked = [r for r in rows if r["source"] == source]
+                label = "each node scraped by the agent" if source == "scrape" else "through Prometheus"
+                ax.semilogx([r["nodes"] for r in picked], [r[key] for r in picked], style, label=label)
+            ax.set(title=title, xlabel="nodes", ylim=(0, None))
+            ax.legend()
     for ax in axes.flat:
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle("jupyter_cluster at scale: embedded cluster, 2 CPUs (benchmarks/bench_scale.py)")
@@ -329,7 +429,7 @@ def plot(results: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="map,cells,notebooks,values")
+    parser.add_argument("--only", default="map,cells,notebooks,values,dashboard")
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--max-map", type=int, default=1_000_000)
     parser.add_argument("--max-raw", type=int, default=1_000_000, help="the largest map raw Ray runs too")
@@ -337,27 +437,34 @@ def main() -> None:
     parser.add_argument("--notebooks", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each notebook count runs cells")
     parser.add_argument("--max-value", type=int, default=2 * 2**30)
+    parser.add_argument("--max-nodes", type=int, default=1000, help="the most nodes a dashboard watches")
+    parser.add_argument("--dashboard-seconds", type=float, default=30.0, help="the shortest dashboard measurement")
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args()
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if not args.plot_only:
         only = set(args.only.split(","))
-        kernel, agent, socket, secret = start(args.cpus)
-        try:
-            if "map" in only:
-                sizes = [n for n in (1_000, 10_000, 100_000, 1_000_000) if n <= args.max_map]
-                results["map"] = bench_map(kernel, agent, sizes, args.max_raw)
-            if "cells" in only:
-                results["cells"] = bench_cells(kernel, agent, args.cells)
-            if "notebooks" in only:
-                counts = [c for c in (1, 2, 5, 10) if c <= args.notebooks]
-                results["notebooks"] = bench_notebooks(kernel, agent, socket, secret, counts, args.seconds)
-            if "values" in only:
-                sizes = [s for s in (2**20, 16 * 2**20, 256 * 2**20, 2**30, 2 * 2**30) if s <= args.max_value]
-                results["values"] = bench_values(kernel, agent, sizes)
-            kernel.run("ray.shutdown()\n%cluster down", timeout=120)
-        finally:
-            kernel.stop()
+        if "dashboard" in only:
+            counts = [c for c in (1, 10, 100, 1000) if c <= args.max_nodes]
+            results["dashboard"] = bench_dashboard(counts, args.cpus, args.dashboard_seconds)
+            only.discard("dashboard")
+        if only:
+            kernel, agent, socket, secret = start(args.cpus)
+            try:
+                if "map" in only:
+                    sizes = [n for n in (1_000, 10_000, 100_000, 1_000_000) if n <= args.max_map]
+                    results["map"] = bench_map(kernel, agent, sizes, args.max_raw)
+                if "cells" in only:
+                    results["cells"] = bench_cells(kernel, agent, args.cells)
+                if "notebooks" in only:
+                    counts = [c for c in (1, 2, 5, 10) if c <= args.notebooks]
+                    results["notebooks"] = bench_notebooks(kernel, agent, socket, secret, counts, args.seconds)
+                if "values" in only:
+                    sizes = [s for s in (2**20, 16 * 2**20, 256 * 2**20, 2**30, 2 * 2**30) if s <= args.max_value]
+                    results["values"] = bench_values(kernel, agent, sizes)
+                kernel.run("ray.shutdown()\n%cluster down", timeout=120)
+            finally:
+                kernel.stop()
         results["machine"] = f"{os.cpu_count()} cores, embedded cluster with {args.cpus} CPUs"
         RESULTS.write_text(json.dumps(results, indent=1))
     plot(results)

@@ -108,16 +108,25 @@ def wait(
     return _owner(handles).wait(handles, num_returns, timeout, progress)
 
 
-def dashboard(window: float = 300.0) -> Any:
+def dashboard(window: float = 300.0, prometheus: str | bool | None = None) -> Any:
     """A live dashboard of the attached cluster: each node's object store, CPU, RAM and
-    GPUs, the cluster over the last ``window`` seconds, tasks and actors by state.
+    GPUs (the head and the first nodes by address, 32 at most), the whole cluster over the
+    last ``window`` seconds, tasks and actors by state.
 
     Sampling runs on the agent only while a dashboard is open; ``dashboard.close()``
     stops it (when no other dashboard watches) and leaves a static snapshot.
+    ``prometheus``: read the figures from this Prometheus server (a URL as the head
+    reaches it), or never (``False``); see :meth:`Cluster.metrics_source`. Unset, a server
+    where Ray's ``RAY_PROMETHEUS_HOST`` points is used once it has the cluster's nodes.
+
+    >>> jc.dashboard(prometheus="http://localhost:9090")      # doctest: +SKIP
     """
     from .widgets import Dashboard
 
-    return Dashboard(_attached(), window=window)
+    cluster = _attached()
+    if prometheus is not None:
+        cluster.metrics_source(prometheus)
+    return Dashboard(cluster, window=window)
 
 
 def forward(port: int, local: int | None = None) -> str:

@@ -627,6 +627,36 @@ class Cluster:
             tell("forwards", self)
 
     # --------------------------------------------------------------- cluster
+    def metrics_source(self, prometheus: str | bool | None = None) -> dict[str, Any]:
+        """Where the dashboards' figures come from, for every dashboard of this cluster.
+
+        ``prometheus="http://host:9090"``: a Prometheus server that scrapes this cluster (as
+        Ray documents: file service discovery from ``prom_metrics_service_discovery.json``),
+        read on the head, where the agent runs (``http://localhost:9090`` is the head's own;
+        ``%cluster forward 9090`` shows its web page here). The dashboard then asks it for sums
+        and the nodes it draws, at any number of nodes. ``False``: each node's own metrics
+        endpoint, scraped by the agent (spaced out to stay under 3% of a core). ``None`` (the
+        default): the server Ray's ``RAY_PROMETHEUS_HOST`` names on the head
+        (``http://localhost:9090`` when unset), once it has this cluster's nodes, else the
+        nodes' endpoints. Returns what is used, e.g. ``{"kind": "prometheus", "url": ...}``.
+        """
+        if prometheus is True or not isinstance(prometheus, str | bool | type(None)):
+            raise InputError(
+                f'prometheus must be a URL such as "http://localhost:9090", False or None, not {prometheus!r}'
+            )
+        if isinstance(prometheus, str) and not prometheus.startswith(("http://", "https://")):
+            raise InputError(
+                f"prometheus={prometheus!r} is no URL: give the server's address as the head reaches it, "
+                'with its scheme, e.g. "http://localhost:9090"'
+            )
+        try:
+            return cast("dict[str, Any]", self._link.call("metrics_source", {"prometheus": prometheus}))
+        except RequestError as exc:
+            raise InputError(
+                f"{exc}. The URL is read on the head, where the agent runs: check that the server runs there "
+                "and answers at this address (`curl URL/api/v1/status/buildinfo` on the head)"
+            ) from None
+
     def status(self) -> ClusterStatus:
         """The link, nodes, resources, running cells and actors, port forwards, and what
         driver cells started (actors, Serve applications, placement groups).

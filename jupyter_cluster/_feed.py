@@ -1,8 +1,9 @@
 """The cluster's metrics in the kernel: one subscription to the agent, shared by every widget.
 
 The first widget that subscribes sends the agent a ``watch_metrics`` request; its events
-are deltas (see :mod:`.agent._sampler`), merged here into each node's latest state and a
-short history of the cluster's totals. When the last widget unsubscribes, the feed
+are deltas (see :mod:`.agent._sampler`), merged here into each shown node's latest state,
+the cluster's totals (all its nodes, summed on the agent or by Prometheus), where the
+figures come from, and a short history of the totals. When the last widget unsubscribes, the feed
 sends ``unwatch_metrics`` and the agent stops sampling. Callbacks run on the link's
 thread; they must be quick (they hand the delta to Bokeh's ``stream``/``patch``).
 """
@@ -36,7 +37,12 @@ class MetricsFeed:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        #: The nodes drawn one by one (the agent sends at most ``SHOWN``).
         self.nodes: dict[str, NodeSample] = {}
+        #: The whole cluster as one (``count``: its nodes), as the agent last sent it.
+        self.cluster_totals: NodeSample = {}
+        #: Where the figures come from: ``{"kind": "scrape" | "prometheus", "every": s, ...}``.
+        self.source: dict[str, Any] = {}
         #: ``(time, totals)`` of each sample, oldest first.
         self.history: deque[tuple[float, NodeSample]] = deque(maxlen=HISTORY)
         self.deltas = 0
@@ -80,7 +86,13 @@ class MetricsFeed:
         return self._first.wait(timeout)
 
     def totals(self) -> NodeSample:
-        return totals(self.nodes.values())
+        """The whole cluster as one (the agent's sums; summed here from the nodes of an older agent)."""
+        return self.cluster_totals or totals(self.nodes.values())
+
+    @property
+    def count(self) -> int:
+        """The cluster's nodes, shown or not."""
+        return int(self.cluster_totals.get("count", len(self.nodes)))
 
     def _on_event(self, event: str, data: Any) -> None:
         if event == "metrics":
@@ -88,6 +100,9 @@ class MetricsFeed:
                 self.nodes.setdefault(node_id, {}).update(diff)
             for node_id in data["left"]:
                 self.nodes.pop(node_id, None)
+            self.cluster_totals = data.get("cluster") or {}
+            if "source" in data:
+                self.source = data["source"]
             self.deltas += 1
             self.history.append((data["t"], self.totals()))
             self._first.set()

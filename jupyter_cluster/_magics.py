@@ -187,6 +187,11 @@ def _cluster_parser() -> argparse.ArgumentParser:
     commands.add_parser("status", help="nodes, resources, cells and actors")
     dash = commands.add_parser("dashboard", help="a live dashboard of the cluster")
     dash.add_argument("--window", type=float, default=300.0, help="seconds of history in the time series")
+    dash.add_argument(
+        "--prometheus",
+        metavar="URL|off",
+        help="read the figures from this Prometheus server (its URL on the head), or scrape the nodes (off)",
+    )
     commands.add_parser("down", help="stop what `local` or `up` started")
     forward = commands.add_parser("forward", help="reach a port of the head from here (Serve, TensorBoard)")
     forward.add_argument("port", help="the port on the head's loopback")
@@ -230,7 +235,10 @@ class ClusterMagics(Magics):
         elif args.command == "dashboard":
             from .widgets import Dashboard
 
-            return Dashboard(self._attached(), window=args.window)
+            attached = self._attached()
+            if args.prometheus is not None:
+                attached.metrics_source(False if args.prometheus.lower() == "off" else args.prometheus)
+            return Dashboard(attached, window=args.window)
         elif args.command == "down":
             stopping = _cluster.current()
             if stopping is None:

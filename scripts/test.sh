@@ -6,9 +6,10 @@
 # From any folder (it works in the repository root), with the Python it finds first on PATH
 # (`python`, else `python3`; set PYTHON to choose), in a virtualenv or not:
 #   1. System packages the tests use: openssh-server (sshd, ssh, ssh-keygen), rsync (Ray's
-#      cluster launcher copies files with it), iproute2 (ip), chromium and chromium-driver.
-#      Skipped when they are all there already (sshd, rsync, ip, chromium, chromedriver found).
-#      Otherwise, as root, all five are installed (apt-get update once, then
+#      cluster launcher copies files with it), iproute2 (ip), chromium and chromium-driver, and
+#      prometheus (the dashboard's figures through a Prometheus server). Skipped when they are
+#      all there already (sshd, rsync, ip, chromium, chromedriver, prometheus found).
+#      Otherwise, as root, all six are installed (apt-get update once, then
 #      apt-get install -y --no-install-recommends, non-interactive); not as root, the script names
 #      the missing packages and how to install them, and exits 1.
 #   2. PyTorch (torch==2.13.0, the CPU build) unless torch is importable, then the project,
@@ -35,7 +36,7 @@ have() {
     command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
 }
 
-packages=(openssh-server rsync iproute2 chromium chromium-driver)
+packages=(openssh-server rsync iproute2 chromium chromium-driver prometheus)
 missing=()
 if [ ! -x /usr/sbin/sshd ] || ! have ssh || ! have ssh-keygen; then
     missing+=(openssh-server)
@@ -44,6 +45,7 @@ have rsync || missing+=(rsync)
 have ip || missing+=(iproute2)
 have chromium || missing+=(chromium)
 have chromedriver || missing+=(chromium-driver)
+have prometheus || missing+=(prometheus)
 
 if [ "${#missing[@]}" -eq 0 ]; then
     echo "::: system packages: already installed"

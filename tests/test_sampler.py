@@ -70,7 +70,7 @@ def test_only_while_attached_and_only_what_changed(node: tuple[type[_Node], int]
 
     async def scenario() -> None:
         sampler = MetricsSampler(
-            asyncio.get_running_loop(), interval=0.05, nodes_every=0, list_nodes=lambda: _listing(port, ids)
+            asyncio.get_running_loop(), interval=0.05, nodes_every=0, list_nodes=lambda: _listing(port, ids), budget=1
         )
         session = Session(attached=False)
         events: list[dict[str, Any]] = []

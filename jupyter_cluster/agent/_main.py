@@ -233,6 +233,14 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
     async def unwatch_metrics(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", sampler.unwatch(body["watch"]), final=True)
 
+    async def metrics_source(body: dict[str, Any], session: Any, emit: Any) -> None:
+        from ._prometheus import PrometheusError
+
+        try:
+            emit("done", await sampler.use(body.get("prometheus")), final=True)
+        except PrometheusError as exc:
+            emit("error", {"message": str(exc)}, final=True)
+
     async def checkpoint_files(body: dict[str, Any], session: Any, emit: Any) -> None:
         from ._train import read_checkpoint
 
@@ -262,6 +270,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         "describe": describe,
         "get": get,
         "kill_actor": kill_actor,
+        "metrics_source": metrics_source,
         "ping": ping,
         "put": put,
         "release": release,

@@ -19,11 +19,17 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from ._execute import MapChunk, Pickled, RemoteFailure
+from ._execute import CellOutcome, CellSpec, MapChunk, Pickled, RemoteFailure
+from ._remote import run_map_chunk
+from ._resources import task_options
+from ._running import CANCEL_GRACE, RunningCell, interrupted
+
+if TYPE_CHECKING:
+    from ._cells import CellRunner
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -127,4 +133,104 @@ def item_failure(failure: RemoteFailure, index: int) -> RemoteFailure:
     return failure
 
 
-__all__ = ["ChunkWaiter", "chunk_size", "item_failure", "join_lists", "pack", "submit_chunks"]
+class MapCells:
+    """``--map`` cells: the chunks' tasks submitted, waited for and read off the loop."""
+
+    def __init__(self, runner: CellRunner) -> None:
+        self.runner = runner
+
+    async def run(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
+        """Nothing here grows with the items but counting them."""
+        runner, spec = self.runner, cell.spec
+        items: list[Any] = await asyncio.to_thread(request["items"].load)
+        runner.cluster.check_feasible(cell.options)
+        args = await runner.inputs_of(cell, request)
+        size = chunk_size(len(items), runner.cluster.cpus())
+        remote = runner.remote(run_map_chunk, 1 + len(spec.outputs), task_options(cell.options))
+        spec_bytes = runner.spec_bytes(spec)
+        cell.total_items = len(items)
+        submitted = await asyncio.to_thread(
+            submit_chunks, remote, spec_bytes, items, size, args, lambda: bool(cell.cancelled)
+        )
+        cell.refs = [refs[0] for refs in submitted]
+        if cell.cancelled:  # while the chunks were being submitted: stop those that were
+            self.stop(cell, force=False)
+        cell.emit("started", {"mode": "map", "items": len(items), "chunks": len(submitted)})
+        chunks: list[MapChunk | None] = [None] * len(submitted)
+        failure: list[RemoteFailure] = []
+
+        def on_batch(batch: list[tuple[int, Any]]) -> None:
+            for index, result in batch:
+                if failure:
+                    return
+                if isinstance(result, ray.exceptions.RayError):
+                    start = index * size
+                    if cell.cancelled:
+                        failure.append(interrupted(cell.cancelled))
+                    else:
+                        failure.append(runner.lost(cell, result, _items(spec, start, items[start : start + size])))
+                else:
+                    chunks[index] = result
+                    cell.done_items += result.count
+                    if result.failure is not None:
+                        failure.append(item_failure(result.failure, result.start + result.failed_at))
+            if failure:
+                waiter.stop()
+            cell.emit("progress", {"done": cell.done_items, "total": cell.total_items})
+
+        waiter = ChunkWaiter(runner.loop, cell.refs, on_batch)
+        await waiter.ended
+        sent = sum(c.chunks_sent for c in chunks if c is not None)
+        if failure or cell.cancelled or any(c is None for c in chunks):
+            self.stop(cell, force=False)
+            await runner.output_of(cell, sent, 1.0)
+            why = failure[0] if failure else interrupted(cell.cancelled or "the agent is stopping")
+            return {"outcome": CellOutcome(failure=why), "handles": {}}
+        await runner.output_of(cell, sent)
+        done = [c for c in chunks if c is not None]
+        handles: dict[str, str] = {}
+        for j, name in enumerate(spec.outputs):
+            for chunk in done:
+                for k, ref in chunk.refs.get(name, {}).items():
+                    handle_id = f"{spec.cell_id}/{name}/{chunk.start + k}"
+                    chunk.outputs[name].other[k].meta["handle"] = handle_id
+                    runner.table.add(handle_id, ref)
+            handles[name] = handle_id = f"{spec.cell_id}/{name}"
+            runner.table.settle(handle_id, join_lists.remote(*[refs[1 + j] for refs in submitted]))
+        return {"map": await asyncio.to_thread(pack, done), "count": len(items), "handles": handles}
+
+    def cancel(self, cell: RunningCell) -> None:
+        self.stop(cell, force=False)
+        self.runner.loop.call_later(CANCEL_GRACE, self.force, cell)
+
+    def force(self, cell: RunningCell) -> None:
+        if cell.cell_id in self.runner.running:
+            self.stop(cell, force=True)
+
+    def stop(self, cell: RunningCell, force: bool) -> None:
+        """Cancel a map's chunk tasks, on a thread: there may be very many (``--chunk 1``)."""
+        refs = list(cell.refs)
+
+        def cancel() -> None:
+            for ref in refs:
+                try:
+                    ray.cancel(ref, force=force)
+                except Exception:  # already finished
+                    pass
+
+        if len(refs) <= 64:
+            cancel()
+        else:
+            self.runner.loop.run_in_executor(None, cancel)
+
+
+def _items(spec: CellSpec, first: int, chunk: list[Any]) -> str:
+    """How a failure names the items of one chunk of a ``--map``."""
+    if len(chunk) == 1:
+        shown = repr(chunk[0])
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return f"item {first} of --map ({spec.map_name} = {shown}) did not finish:"
+    return f"one of items {first}–{first + len(chunk) - 1} of --map did not finish:"
+
+
+__all__ = ["ChunkWaiter", "MapCells", "chunk_size", "item_failure", "join_lists", "pack", "submit_chunks"]

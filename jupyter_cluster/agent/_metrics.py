@@ -80,7 +80,11 @@ def summarize(text: str, kept: bool = False, cache: LineCache | None = None) -> 
     ``kept``: the text holds only the drawn families already (see :func:`keep_drawn`);
     ``cache``: parse only the lines this node's cache has not seen."""
     text = text if kept else keep_drawn(text)
-    samples = cache.samples(text) if cache is not None else parse(text)
+    return summarize_samples(cache.samples(text) if cache is not None else parse(text))
+
+
+def summarize_samples(samples: Iterable[Sample]) -> NodeSample:
+    """One node's state from its samples of the drawn families (see :func:`summarize`)."""
     node: NodeSample = {"store": {}, "gpus": {}, "tasks": {}, "actors": {}, "resources": {}}
     for name, labels, value in samples:
         if name == "ray_node_cpu_utilization":
@@ -137,4 +141,15 @@ def totals(nodes: Iterable[NodeSample]) -> NodeSample:
     return merged
 
 
-__all__ = ["FAMILIES", "LineCache", "NodeSample", "Sample", "changes", "keep_drawn", "parse", "summarize", "totals"]
+__all__ = [
+    "FAMILIES",
+    "LineCache",
+    "NodeSample",
+    "Sample",
+    "changes",
+    "keep_drawn",
+    "parse",
+    "summarize",
+    "summarize_samples",
+    "totals",
+]

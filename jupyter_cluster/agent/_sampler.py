@@ -1,19 +1,33 @@
-"""Sampling every node's metrics for the dashboards that watch them, and only then.
+"""Sampling the cluster's metrics for the dashboards that watch them, and only then.
 
 A kernel that shows a dashboard sends one long-lived ``watch_metrics`` request; until it
-sends ``unwatch_metrics`` (or its session ends), each sample that changed something is
-one event of that request: ``{"t": time, "nodes": {node_id: what changed}, "left": [...]}``.
-The first event a watcher gets holds every node whole, each later one only the fields
-that changed since the last it got (:func:`._metrics.changes`): on an idle cluster, the
-time alone, some 100 bytes a second. Events travel through the session like a cell's output:
-they survive a dropped link. While no watcher's kernel is attached, nothing is scraped.
+sends ``unwatch_metrics`` (or its session ends), each sample is one event of that request:
+``{"t": time, "nodes": {node_id: what changed}, "left": [...], "cluster": totals,
+"source": how}``. ``nodes`` holds the nodes shown (at most :data:`SHOWN`: the head, then
+by address), the first event each whole, each later one only the fields that changed
+since the last it got (:func:`._metrics.changes`); ``cluster`` is the whole cluster as one
+(:func:`._metrics.totals` and ``count``, its nodes), a few hundred bytes whatever the node
+count; ``source`` says where the figures come from, sent when it changed. Events travel
+through the session like a cell's output: they survive a dropped link. While no watcher's
+kernel is attached, nothing is sampled.
 
-Each node is scraped over HTTP on its ``MetricsExportPort`` (in a thread pool, so the
-agent's event loop never waits on a slow node). A node whose endpoint does not answer,
-or answers with an error, keeps its last values and is marked ``stale`` with the reason.
-The endpoint served without a token on a Ray 2.60 cluster started with token
-authentication; where a token is at hand it is sent anyway (``Authorization: Bearer``),
-as Ray's own clients do, so an endpoint that asks for it gets it.
+The figures come from one of two places (:meth:`MetricsSampler.use`):
+
+- a Prometheus server that scrapes the cluster (:mod:`._prometheus`), given by the user or
+  found where Ray's own setting (``RAY_PROMETHEUS_HOST``, default ``http://localhost:9090``)
+  points, when it has this session's nodes: two queries a sample, whatever the node count;
+- otherwise each node's own endpoint, scraped over HTTP on its ``MetricsExportPort`` in a
+  thread pool. A scrape costs CPU in proportion to the nodes, so the sampler measures the
+  CPU time each round took and spaces rounds so that scraping stays under :data:`BUDGET`
+  of a core (1 s apart on a small cluster; some 25 s at a thousand nodes), which the
+  ``source`` says.
+
+Each round runs on a thread of its own: the event loop only hands the few shown nodes'
+changes to the watchers. A node whose endpoint does not answer, or answers with an error,
+keeps its last values and is marked ``stale`` with the reason (through Prometheus: its
+``up`` is 0, or Prometheus itself did not answer). The endpoints served without a token on
+a Ray 2.60 cluster started with token authentication; where a token is at hand it is sent
+anyway (``Authorization: Bearer``), as Ray's own clients do.
 """
 
 from __future__ import annotations
@@ -23,6 +37,9 @@ import concurrent.futures
 import json
 import logging
 import os
+import re
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,13 +47,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._metrics import LineCache, NodeSample, changes, keep_drawn, summarize
+from ._metrics import LineCache, NodeSample, changes, keep_drawn, summarize, totals
+from ._prometheus import DEFAULT_PROMETHEUS, PROMETHEUS_ENV, Prometheus, PrometheusError
 
 log = logging.getLogger("jupyter_cluster.agent")
 
 #: Extra endpoints to scrape as if they were nodes: a JSON list of
 #: ``{"id", "address", "port"}`` (benchmarks and tests simulate nodes with it).
 EXTRA_NODES_ENV = "JUPYTER_CLUSTER_METRICS_NODES"
+
+#: The nodes a dashboard draws one by one (the cluster's totals count them all).
+SHOWN = 32
+#: The share of one core that scraping the nodes may take; rounds are spaced to keep to it.
+BUDGET = 0.03
+#: The longest wait between two rounds.
+MAX_EVERY = 60.0
+#: How often, while scraping, to look again for a Prometheus server where Ray's setting points.
+PROBE_EVERY = 60.0
 
 
 @dataclass(frozen=True)
@@ -63,15 +90,18 @@ class Watcher:
     session: Any
     emit: Callable[..., None]
     sent: dict[str, NodeSample] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def attached(self) -> bool:
         return getattr(self.session, "writer", None) is not None
 
-    def delta(self, nodes: dict[str, NodeSample], now: float) -> dict[str, Any]:
-        """What changed since this watcher's last event (when nothing did, just the time:
-        the dashboard's clock goes on)."""
+    def delta(
+        self, nodes: dict[str, NodeSample], now: float, cluster: NodeSample, source: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What changed since this watcher's last event (when nothing did, just the time and the
+        cluster's totals: the dashboard's clock goes on)."""
         changed = {}
         for node_id, sample in nodes.items():
             diff = changes(self.sent.get(node_id), sample)
@@ -81,7 +111,10 @@ class Watcher:
         for node_id in left:
             del self.sent[node_id]
         self.sent.update({node_id: nodes[node_id] for node_id in changed})
-        return {"t": now, "nodes": changed, "left": left}
+        event = {"t": now, "nodes": changed, "left": left, "cluster": cluster}
+        if source != self.source:
+            event["source"] = self.source = source
+        return event
 
 
 def _token() -> str | None:
@@ -117,7 +150,8 @@ def _why(exc: BaseException) -> str:
 
 
 class MetricsSampler:
-    """Scrapes every node once per ``interval`` while some attached watcher wants it."""
+    """Samples the cluster once per ``interval`` (or less often, see :data:`BUDGET`) while some
+    attached watcher wants it."""
 
     def __init__(
         self,
@@ -126,22 +160,44 @@ class MetricsSampler:
         timeout: float = 0.8,
         nodes_every: float = 5.0,
         list_nodes: Callable[[], list[dict[str, Any]]] | None = None,
+        session_name: Callable[[], str] | None = None,
+        prometheus: str | None = None,
+        budget: float = BUDGET,
     ) -> None:
         self.loop = loop
         self.interval = interval
+        self.budget = budget
         self.timeout = timeout
         self.nodes_every = nodes_every
         self.watchers: dict[str, Watcher] = {}
-        #: Each node's latest state, as sent to watchers.
+        #: The shown nodes' latest state, as sent to watchers, and the cluster's totals.
         self.nodes: dict[str, NodeSample] = {}
-        #: Scrapes made, for tests and benchmarks.
+        self.cluster: NodeSample = {}
+        #: Where the figures come from, and how often (the events' ``source``).
+        self.source: dict[str, Any] = {"kind": "scrape", "every": interval}
+        #: Seconds between rounds now (``interval``, or more to keep within :data:`BUDGET`).
+        self.every = interval
+        #: Rounds made, for tests and benchmarks.
         self.rounds = 0
         self._list_nodes = list_nodes or _ray_nodes
+        self._session_name = session_name or _ray_session_name
+        #: Where to look for a Prometheus server when none was given (Ray's own setting).
+        self._default_prometheus = prometheus or os.environ.get(PROMETHEUS_ENV) or DEFAULT_PROMETHEUS
+        self._prometheus: Prometheus | None = None
+        self._chosen = False  # the user chose the source (no looking for Prometheus then)
+        self._probed_at = -PROBE_EVERY
+        self._instances: list[str] = []
+        self._instances_at = 0.0
         self._endpoints: dict[str, Endpoint] = {}
-        self._listed_at = 0.0
+        self._all: dict[str, NodeSample] = {}
+        self._listed_at = -nodes_every - 1.0
+        self._cost = 0.0
         self._extra = _extra_endpoints()
         self._token = _token()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="metrics")
+        #: Rounds run here, one at a time, whoever asks (the watchers' loop, ``%cluster status``).
+        self._rounds = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-round")
+        self._round_lock = threading.Lock()
         #: Each node's last drawn text and what it says: Ray refreshes most values every few
         #: seconds, so most scrapes find the same text, and need no parsing.
         self._parsed: dict[str, tuple[str, NodeSample]] = {}
@@ -168,6 +224,23 @@ class MetricsSampler:
         for watch_id in list(self.watchers):
             self.unwatch(watch_id)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._rounds.shutdown(wait=False, cancel_futures=True)
+
+    async def use(self, prometheus: str | bool | None) -> dict[str, Any]:
+        """Where the figures come from: a Prometheus server's URL (checked now: raises
+        :class:`PrometheusError` when it does not answer), ``False`` for the nodes' own
+        endpoints, ``None`` to look for a server where Ray's setting points (the default)."""
+        if isinstance(prometheus, str):
+            server = Prometheus(prometheus, await self.loop.run_in_executor(self._pool, self._session_name))
+            version = await self.loop.run_in_executor(self._pool, server.check)
+            self._prometheus, self._chosen = server, True
+            self._instances = []
+            self.source = {"kind": "prometheus", "url": server.url, "version": version, "every": self.interval}
+        else:
+            self._prometheus, self._chosen = None, prometheus is False
+            self._probed_at = -PROBE_EVERY
+            self.source = {"kind": "scrape", "every": self.every}
+        return dict(self.source)
 
     async def _run(self) -> None:
         while self.watchers:
@@ -181,24 +254,45 @@ class MetricsSampler:
                 for watcher in list(self.watchers.values()):
                     if watcher.attached:
                         self._send(watcher, now)
-            await asyncio.sleep(max(0.05, self.interval - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.05, self.every - (time.monotonic() - started)))
 
     def _send(self, watcher: Watcher, now: float) -> None:
-        watcher.emit("metrics", watcher.delta(self.nodes, now))
+        watcher.emit("metrics", watcher.delta(self.nodes, now, self.cluster, self.source))
 
-    def _read(self, node_id: str, endpoint: Endpoint) -> NodeSample:
-        text = scrape(endpoint, self.timeout, self._token)
-        last = self._parsed.get(node_id)
-        if last is not None and last[0] == text:
-            return dict(last[1])
-        sample = summarize(text, kept=True, cache=self._lines.setdefault(node_id, LineCache()))
-        self._parsed[node_id] = (text, sample)
-        return dict(sample)
+    async def sample(self) -> dict[str, NodeSample]:
+        """One round (on the rounds' thread): the shown nodes' state, also kept in ``nodes``."""
+        self.nodes, self.cluster, self.source = await self.loop.run_in_executor(self._rounds, self._round)
+        self.rounds += 1
+        return self.nodes
 
     async def endpoints(self) -> dict[str, Endpoint]:
         """The nodes to scrape: Ray's live nodes (listed again every ``nodes_every`` s) and any extra."""
+        return await self.loop.run_in_executor(self._rounds, self._current_endpoints)
+
+    # ------------------------------------------------------------------ a round (blocking, off the loop)
+    def _round(self) -> tuple[dict[str, NodeSample], NodeSample, dict[str, Any]]:
+        with self._round_lock:
+            self._look_for_prometheus()  # not counted: at most once a minute, a request that fails at once
+            started, spent = time.thread_time(), 0.0
+            endpoints = self._current_endpoints()
+            server = self._prometheus
+            if server is not None:
+                nodes, cluster, source = self._from_prometheus(server, endpoints)
+            else:
+                nodes, cluster, spent = self._scrape(endpoints)
+                source = {"kind": "scrape"}
+            self._pace(time.thread_time() - started + spent)
+            return nodes, cluster, {**source, "every": round(self.every, 2)}
+
+    def _pace(self, cost: float) -> None:
+        """Space rounds so that they take at most ``budget`` of a core (by a moving average of their CPU
+        time, which starts from none: a first round, with nothing parsed yet, costs the most)."""
+        self._cost = 0.7 * self._cost + 0.3 * cost
+        self.every = min(MAX_EVERY, max(self.interval, self._cost / self.budget))
+
+    def _current_endpoints(self) -> dict[str, Endpoint]:
         if time.monotonic() - self._listed_at > self.nodes_every:
-            listed = await self.loop.run_in_executor(self._pool, self._list_nodes)
+            listed = self._list_nodes()
             self._listed_at = time.monotonic()
             found = {}
             for node in listed:
@@ -206,45 +300,136 @@ class MetricsSampler:
                 if node.get("Alive") and port:
                     resources = node.get("Resources", {})
                     head = "node:__internal_head__" in resources
-                    totals = tuple((str(name), float(total)) for name, total in resources.items())
+                    totals_ = tuple((str(name), float(total)) for name, total in resources.items())
                     address = node["NodeManagerAddress"]
-                    found[node["NodeID"]] = Endpoint(node["NodeID"], address, int(port), head, totals)
+                    found[node["NodeID"]] = Endpoint(node["NodeID"], address, int(port), head, totals_)
             self._endpoints = found
         return {**self._endpoints, **self._extra}
 
-    async def sample(self) -> dict[str, NodeSample]:
+    def _look_for_prometheus(self) -> None:
+        """Where the user chose nothing: use the server Ray's setting names once it has this session's nodes."""
+        if self._chosen or self._prometheus is not None or time.monotonic() - self._probed_at < PROBE_EVERY:
+            return
+        self._probed_at = time.monotonic()
+        try:
+            server = Prometheus(self._default_prometheus, self._session_name(), timeout=1.0)
+            if server.covers() > 0:
+                self._prometheus = server
+                log.info("metrics from %s, which scrapes this cluster", server.url)
+        except Exception as exc:  # none there: scrape
+            log.debug("no Prometheus at %s: %s", self._default_prometheus, exc)
+
+    def _scrape(self, endpoints: dict[str, Endpoint]) -> tuple[dict[str, NodeSample], NodeSample, float]:
         """Scrape every node at once; a node that fails keeps its last values, marked stale."""
-        endpoints = await self.endpoints()
-        scrapes = {
-            node_id: self.loop.run_in_executor(self._pool, self._read, node_id, endpoint)
-            for node_id, endpoint in endpoints.items()
-        }
-        nodes: dict[str, NodeSample] = {}
-        for node_id, future in scrapes.items():
+        futures = {node_id: self._pool.submit(self._read, node_id, e) for node_id, e in endpoints.items()}
+        everyone: dict[str, NodeSample] = {}
+        spent = 0.0
+        for node_id, future in futures.items():
             endpoint = endpoints[node_id]
             try:
-                sample = await future
+                sample, cpu = future.result()
+                spent += cpu
                 sample["stale"] = None
             except Exception as exc:
-                sample = dict(self.nodes.get(node_id) or {"store": {}, "gpus": {}, "tasks": {}, "actors": {}})
+                sample = dict(self._all.get(node_id) or _empty())
                 sample["stale"] = _why(exc)
             sample.update(address=endpoint.address, head=endpoint.head)
-            if endpoint.resources and not sample.get("resources"):  # not reported yet: the GCS's totals
-                sample["resources"] = {name: (0.0, total) for name, total in endpoint.resources}
-                sample["store_total"] = dict(endpoint.resources).get("object_store_memory", 0.0)
-            nodes[node_id] = sample
-        self.nodes = nodes
-        for node_id in set(self._parsed) - set(nodes):
+            _with_capacity(sample, endpoint)
+            everyone[node_id] = sample
+        self._all = everyone
+        for node_id in set(self._parsed) - set(everyone):
             del self._parsed[node_id]
             self._lines.pop(node_id, None)
-        self.rounds += 1
-        return nodes
+        cluster = totals(everyone.values())
+        cluster["count"] = len(everyone)
+        order = sorted(everyone, key=lambda i: _order(bool(everyone[i].get("head")), str(everyone[i]["address"]), i))
+        return {node_id: everyone[node_id] for node_id in order[:SHOWN]}, cluster, spent
+
+    def _read(self, node_id: str, endpoint: Endpoint) -> tuple[NodeSample, float]:
+        started = time.thread_time()
+        text = scrape(endpoint, self.timeout, self._token)
+        last = self._parsed.get(node_id)
+        if last is not None and last[0] == text:
+            return dict(last[1]), time.thread_time() - started
+        sample = summarize(text, kept=True, cache=self._lines.setdefault(node_id, LineCache()))
+        self._parsed[node_id] = (text, sample)
+        return dict(sample), time.thread_time() - started
+
+    def _from_prometheus(
+        self, server: Prometheus, endpoints: dict[str, Endpoint]
+    ) -> tuple[dict[str, NodeSample], NodeSample, dict[str, Any]]:
+        source: dict[str, Any] = {"kind": "prometheus", "url": server.url}
+        by_instance = {f"{e.address}:{e.port}": e for e in endpoints.values()}
+        try:
+            if not self._instances or time.monotonic() - self._instances_at > self.nodes_every:
+                self._instances = server.instances()
+                self._instances_at = time.monotonic()
+            order = sorted(
+                self._instances,
+                key=lambda i: _order(bool(by_instance.get(i) and by_instance[i].head), i.rsplit(":", 1)[0], i),
+            )
+            found = server.nodes(order[:SHOWN])
+            cluster = server.totals()
+        except PrometheusError as exc:
+            source["error"] = str(exc)
+            if not self._chosen:  # found, not chosen: back to scraping until it is there again
+                self._prometheus = None
+                log.warning("%s; scraping the nodes instead", exc)
+            stale = {node_id: {**node, "stale": str(exc)} for node_id, node in self.nodes.items()}
+            return stale, self.cluster, source
+        if cluster.get("count", 0) == 0:
+            source["error"] = (
+                f"Prometheus at {server.url} has no metrics of this Ray session ({server.session}) yet: "
+                "its scrape configuration should read Ray's service discovery file "
+                "(prom_metrics_service_discovery.json in Ray's temporary folder) or list each node's metrics port"
+            )
+        nodes = {}
+        for instance, sample in found.items():
+            endpoint = by_instance.get(instance)
+            node_id = endpoint.node_id if endpoint is not None else instance
+            last = self.nodes.get(node_id)
+            if sample.get("stale") and last is not None:  # Prometheus has no values of it now: its last ones
+                sample = {**last, "stale": sample["stale"]}
+            sample.setdefault("stale", None)
+            if endpoint is not None:
+                sample.update(address=endpoint.address, head=endpoint.head)
+                _with_capacity(sample, endpoint)
+            else:  # a node Ray's list does not have (yet): its address is what Prometheus scrapes
+                sample.update(address=instance.rsplit(":", 1)[0], head=False)
+            nodes[node_id] = sample
+        return nodes, cluster, source
+
+
+def _empty() -> NodeSample:
+    return {"store": {}, "gpus": {}, "tasks": {}, "actors": {}}
+
+
+def _with_capacity(sample: NodeSample, endpoint: Endpoint) -> None:
+    """A node yet to report its resources: the GCS's totals (a raylet reports them some seconds after it starts)."""
+    if endpoint.resources and not sample.get("resources"):
+        sample["resources"] = {name: (0.0, total) for name, total in endpoint.resources}
+        sample["store_total"] = dict(endpoint.resources).get("object_store_memory", 0.0)
+
+
+def _order(head: bool, address: str, node_id: str) -> tuple[bool, list[Any], str]:
+    """The head first, then by address, numbers as numbers (10.0.0.9 before 10.0.0.10)."""
+    return (not head, [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", address)], node_id)
 
 
 def _ray_nodes() -> list[dict[str, Any]]:
     import ray
 
     return list(ray.nodes())
+
+
+def _ray_session_name() -> str:
+    """This Ray session's name, the ``SessionName`` label of every metric Ray exports (raises
+    :class:`LookupError` where this process is no driver of a Ray cluster)."""
+    ray: Any = sys.modules.get("ray")  # not imported: no Ray session here (importing it would take seconds)
+    node = getattr(ray._private.worker.global_worker, "node", None) if ray is not None else None
+    if node is None:
+        raise LookupError("this process is not connected to a Ray cluster")
+    return str(node.session_name)
 
 
 def _extra_endpoints() -> dict[str, Endpoint]:
@@ -259,4 +444,4 @@ def _extra_endpoints() -> dict[str, Endpoint]:
         return {}
 
 
-__all__ = ["EXTRA_NODES_ENV", "Endpoint", "MetricsSampler", "Watcher", "scrape"]
+__all__ = ["BUDGET", "EXTRA_NODES_ENV", "SHOWN", "Endpoint", "MetricsSampler", "Watcher", "scrape"]

@@ -116,8 +116,14 @@ def _color(metric: str) -> str:
     return COLORS["GPU memory"] if metric.endswith("memory") else COLORS.get(metric.split(" ")[0], COLORS["GPU"])
 
 
-def snapshot_html(nodes: dict[str, NodeSample], labels: dict[str, str] | None = None, title: str = "") -> str:
-    """The cluster as one HTML table: what a dashboard shows, without a kernel."""
+def snapshot_html(
+    nodes: dict[str, NodeSample],
+    labels: dict[str, str] | None = None,
+    title: str = "",
+    cluster: NodeSample | None = None,
+) -> str:
+    """The cluster as one HTML table: what a dashboard shows, without a kernel (``cluster``: its
+    totals, when ``nodes`` are only those shown)."""
     labels = labels or {}
     head = "".join(f"<th>{h}</th>" for h in ("node", "CPU", "RAM", "object store", "GPUs"))
     rows = []
@@ -135,8 +141,7 @@ def snapshot_html(nodes: dict[str, NodeSample], labels: dict[str, str] | None = 
             gpus or "-",
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    cluster = totals(nodes.values())
-    groups = state_groups(cluster)
+    groups = state_groups(cluster or totals(nodes.values()))
     states = []
     for kind, names in GROUPS.items():
         counts = ", ".join(f"{g} {groups[kind, g]:.0f}" for g in names if groups.get((kind, g))) or "none"
@@ -261,7 +266,10 @@ class Dashboard(ipywidgets.VBox):
     def _header(self, kind: str = "", data: Any = None) -> str:
         nodes = self.feed.nodes
         stale = [self.labels.get(i, i) for i, n in nodes.items() if n.get("stale")]
-        parts = [f"<b>{html.escape(self.cluster.kind)}</b>", f"{len(nodes)} node(s)"]
+        parts = [f"<b>{html.escape(self.cluster.kind)}</b>", html.escape(self._nodes_said())]
+        source = self._source_said()
+        if source:
+            parts.append(source)
         if kind == "link" and isinstance(data, dict) and data.get("state") == "lost":
             parts.append(f"<span style='color:#c0392b'>link lost ({html.escape(str(data.get('reason')))})</span>")
         elif kind == "ended":
@@ -271,6 +279,27 @@ class Dashboard(ipywidgets.VBox):
         if self.feed.history:
             parts.append(time.strftime("updated %H:%M:%S", time.localtime(self.feed.history[-1][0])))
         return " · ".join(parts)
+
+    def _nodes_said(self) -> str:
+        count, shown = self.feed.count, len(self.feed.nodes)
+        if count > shown:
+            return f"{count} nodes ({shown} drawn: the head, then by address)"
+        return f"{count} node(s)"
+
+    def _source_said(self) -> str:
+        """Where the figures come from, when it is worth saying: Prometheus, or scraping slowed down."""
+        source = self.feed.source
+        every = float(source.get("every") or 1.0)
+        if source.get("error"):
+            return f"<span style='color:#c0392b'>{html.escape(str(source['error']))}</span>"
+        if source.get("kind") == "prometheus":
+            return f"from Prometheus ({html.escape(str(source.get('url')))})"
+        if every > 1.5:
+            return (
+                f"<span style='color:#888'>sampled every {every:.0f} s, to keep scraping the nodes under 3% of a core "
+                "(a Prometheus server is lighter: <code>jc.dashboard(prometheus=URL)</code>)</span>"
+            )
+        return ""
 
     def _label(self, node_id: str, node: NodeSample) -> str:
         label = self.labels.get(node_id)
@@ -339,7 +368,7 @@ class Dashboard(ipywidgets.VBox):
 
     def _draw_states(self) -> None:
         """Patch the task and actor counts (their rows are all there from the start)."""
-        groups = state_groups(totals(self.feed.nodes.values()))
+        groups = state_groups(self.feed.totals())
         patches: dict[str, list[tuple[int, Any]]] = {"count": [], "text": []}
         for index, key in enumerate(self.states.data["y"]):
             count = groups.get(key, 0.0)
@@ -358,7 +387,8 @@ class Dashboard(ipywidgets.VBox):
     # --------------------------------------------------------------- display
     def snapshot(self) -> str:
         """The dashboard as static HTML (what a notebook without a kernel shows)."""
-        return snapshot_html(self.feed.nodes, self.labels, f"{self.cluster.kind}: {len(self.feed.nodes)} node(s)")
+        title = f"{self.cluster.kind}: {self._nodes_said()}"
+        return snapshot_html(self.feed.nodes, self.labels, title, self.feed.totals())
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         if not self.closed:

@@ -1,0 +1,102 @@
+"""``--driver`` cells: code in the agent's own namespace, on its main thread (the head's driver).
+
+The namespace has ``ray`` and lives as long as the agent: what a driver cell starts
+(Serve applications, actors, placement groups, Ray Data pipelines) is the notebook's until
+``%cluster reset`` (:meth:`DriverCells.reset`) stops it. A cell runs on the main thread,
+where an interrupt reaches it (:mod:`._interrupt`); one that ignores it is given up on after
+``CANCEL_GRACE`` s and goes on running, which its failure says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from ._execute import CellOutcome, CellOutput, fresh_namespace
+from ._objects import Deferred
+from ._remote import node_ip, run_cell_in
+from ._running import CANCEL_GRACE, Emit, RunningCell, interrupted
+
+if TYPE_CHECKING:
+    from ._cells import CellRunner
+
+log = logging.getLogger("jupyter_cluster.agent")
+
+
+class DriverCells:
+    """The agent's own namespace, and the cells that run in it."""
+
+    def __init__(self, runner: CellRunner) -> None:
+        self.runner = runner
+        self.namespace = fresh_namespace()
+        self.namespace["ray"] = ray
+
+    async def run(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
+        runner, spec, loop = self.runner, cell.spec, self.runner.loop
+        args = await runner.inputs_of(cell, request)
+
+        def sink(index: int, batch: list[tuple[str, Any]]) -> None:
+            loop.call_soon_threadsafe(cell.emit, "stream", batch)
+
+        def run() -> tuple[CellOutcome, list[Any]]:
+            if spec.announce:
+                loop.call_soon_threadsafe(cell.emit, "running", {"node": node_ip(), "items": 1})
+            values = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
+            return run_cell_in(spec, self.namespace, values, CellOutput(sink))
+
+        runner.started(cell, request, {"mode": "driver"})
+        cell.job = runner.driver.submit(cell.cell_id, run)
+        try:
+            done = await runner.unless_abandoned(cell, asyncio.wrap_future(cell.job))
+        except (asyncio.CancelledError, KeyboardInterrupt):  # cancelled before it started
+            done = (CellOutcome(failure=interrupted(cell.cancelled or "interrupted")), [])
+        if done is None:
+            return {"outcome": CellOutcome(failure=runner.would_not_stop(cell)), "handles": {}}
+        outcome, values = done
+        handles = {}
+        for name, value in zip(spec.outputs, values, strict=False):
+            handles[name] = handle_id = f"{spec.cell_id}/{name}"
+            info = outcome.outputs.get(name)
+            remote = info is not None and info.kind == "remote"
+            # What came back inline is put in the object store only if a later cell asks.
+            runner.table.settle(handle_id, ray.put(value) if remote else Deferred(value))
+        return {"outcome": outcome, "handles": handles}
+
+    def cancel(self, cell: RunningCell) -> None:
+        if cell.job is not None and not cell.job.cancel():  # it runs: interrupt it
+            self.runner.driver.interrupt(cell.cell_id)
+        self.runner.loop.call_later(CANCEL_GRACE, self.runner.abandon, cell)
+
+    def running_emit(self) -> Emit | None:
+        """The emit of the driver cell started last and still running (any thread may ask)."""
+        for cell in reversed(list(self.runner.running.values())):
+            if cell.mode == "driver":
+                return cell.emit
+        return None
+
+    async def started(self) -> dict[str, Any] | None:
+        """What the cells started that outlives them (see :mod:`._owned`)."""
+        from ._owned import started
+
+        try:
+            return await asyncio.wait_for(self.runner.loop.run_in_executor(None, started), 10)
+        except Exception:
+            log.warning("could not list what the cells started", exc_info=True)
+            return None
+
+    async def reset(self) -> dict[str, Any]:
+        """Stop what the notebook's cells started (Serve, actors, placement groups) and
+        empty the driver's namespace; refused while cells run."""
+        from ._owned import stop_started
+
+        running = self.runner.running
+        if running:
+            labels = ", ".join(c.spec.label or c.cell_id for c in running.values())
+            return {"refused": f"cells are still running ({labels}): wait for them or cancel them, then reset"}
+        return await self.runner.loop.run_in_executor(None, stop_started, self.namespace)
+
+
+__all__ = ["DriverCells"]
