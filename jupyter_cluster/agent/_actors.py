@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -22,10 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ._interrupt import interrupt_process
 from ._remote import CellNamespace, interrupt_actor_cell
 from ._resources import ray_options
-from ._running import CANCEL_GRACE, RunningCell
-
-if TYPE_CHECKING:
-    from ._cells import CellRunner
+from ._running import CANCEL_GRACE, CellHost, RunningCell
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -46,7 +43,7 @@ class ActorRecord:
 class ActorCells:
     """The named actors of the notebooks attached, and their cells."""
 
-    def __init__(self, runner: CellRunner) -> None:
+    def __init__(self, runner: CellHost) -> None:
         self.runner = runner
         self.actors: dict[str, ActorRecord] = {}
         self.killed: set[str] = set()  # actors killed on request: their cells say so

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
 from ._execute import CellOutcome, CellOutput, fresh_namespace
 from ._objects import Deferred
 from ._remote import node_ip, run_cell_in
-from ._running import CANCEL_GRACE, Emit, RunningCell, interrupted
-
-if TYPE_CHECKING:
-    from ._cells import CellRunner
+from ._running import CANCEL_GRACE, CellHost, Emit, RunningCell, interrupted
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -29,7 +26,7 @@ log = logging.getLogger("jupyter_cluster.agent")
 class DriverCells:
     """The agent's own namespace, and the cells that run in it."""
 
-    def __init__(self, runner: CellRunner) -> None:
+    def __init__(self, runner: CellHost) -> None:
         self.runner = runner
         self.namespace = fresh_namespace()
         self.namespace["ray"] = ray

@@ -19,17 +19,14 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
 from ._execute import CellOutcome, CellSpec, MapChunk, Pickled, RemoteFailure
 from ._remote import run_map_chunk
 from ._resources import task_options
-from ._running import CANCEL_GRACE, RunningCell, interrupted
-
-if TYPE_CHECKING:
-    from ._cells import CellRunner
+from ._running import CANCEL_GRACE, CellHost, RunningCell, interrupted
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -136,7 +133,7 @@ def item_failure(failure: RemoteFailure, index: int) -> RemoteFailure:
 class MapCells:
     """``--map`` cells: the chunks' tasks submitted, waited for and read off the loop."""
 
-    def __init__(self, runner: CellRunner) -> None:
+    def __init__(self, runner: CellHost) -> None:
         self.runner = runner
 
     async def run(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:

@@ -1,16 +1,22 @@
-"""A cell while the agent runs it, and what every mode's runner shares (see :mod:`._cells`)."""
+"""A cell while the agent runs it, and what the runner of each mode gets from the cell runner
+(:class:`CellHost`, which :class:`._cells.CellRunner` is: the modes depend on this, not on it)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from ._execute import CellSpec, RemoteFailure
-from ._output import CellStreams
+from ._execute import CellOutcome, CellSpec, RemoteFailure
+from ._interrupt import MainThreadCells
+from ._objects import ObjectTable
+from ._output import CellStreams, OutputPump
+from ._resources import ClusterResources
+
+T = TypeVar("T")
 
 Emit = Callable[..., None]
 
@@ -43,6 +49,41 @@ class CancelledBeforeStart(Exception):
     """A cell cancelled while its inputs were being made ready: it is never submitted."""
 
 
+class CellHost(Protocol):
+    """What every mode's runner uses of the cell runner: its loop and tables, a cell's inputs, its
+    outputs' handles, its end (see :class:`._cells.CellRunner` for each)."""
+
+    loop: asyncio.AbstractEventLoop
+    driver: MainThreadCells
+    table: ObjectTable
+    cluster: ClusterResources
+    node_id: str
+    output: OutputPump
+    running: dict[str, RunningCell]
+
+    async def inputs_of(self, cell: RunningCell, request: dict[str, Any]) -> list[Any]: ...
+
+    def remote(self, fn: Any, num_returns: int, options: dict[str, Any]) -> Any: ...
+
+    def spec_bytes(self, spec: CellSpec) -> bytes: ...
+
+    def settle_outputs(self, spec: CellSpec, held: list[Any]) -> dict[str, str]: ...
+
+    def started(self, cell: RunningCell, request: dict[str, Any], info: dict[str, Any]) -> None: ...
+
+    async def finish(self, cell: RunningCell, envelope: Any) -> CellOutcome: ...
+
+    def lost(self, cell: RunningCell, exc: BaseException, what: str) -> RemoteFailure: ...
+
+    def would_not_stop(self, cell: RunningCell) -> RemoteFailure: ...
+
+    async def unless_abandoned(self, cell: RunningCell, awaitable: Awaitable[T]) -> T | None: ...
+
+    async def output_of(self, cell: RunningCell, batches: int, timeout: float = 10.0) -> None: ...
+
+    def abandon(self, cell: RunningCell) -> None: ...
+
+
 def interrupted(reason: str, message: str = "") -> RemoteFailure:
     """The failure of a cell that was cancelled (an interrupt, a ``--timeout``)."""
     return RemoteFailure(
@@ -55,4 +96,4 @@ def interrupted(reason: str, message: str = "") -> RemoteFailure:
     )
 
 
-__all__ = ["CANCEL_GRACE", "CancelledBeforeStart", "Emit", "RunningCell", "interrupted"]
+__all__ = ["CANCEL_GRACE", "CancelledBeforeStart", "CellHost", "Emit", "RunningCell", "interrupted"]
