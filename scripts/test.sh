@@ -96,9 +96,10 @@ echo "::: the layers: lint-imports"
 "$PYTHON" -c 'import sys; from importlinter.cli import lint_imports_command; sys.argv[0] = "lint-imports"; sys.exit(lint_imports_command())'
 
 # With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
-# processes side by side, of about the same length on two cores: the example notebooks and the
-# link-loss tests (which mostly wait out outages of 45 s or more) in one, all the others in the
-# other (in CI: 2103 s for the first with the Train/Tune runs in it, 1440 s for the second). (A third process, for the link-loss tests alone, loaded the
+# processes side by side, of about the same length on two cores: the example notebooks, the
+# link-loss tests (which mostly wait out outages of 45 s or more), the Train/Tune runs, the
+# version checks and the two-host cluster in one, all the others in the other (a run here with
+# only the first two in the first: 1518 s and 2730 s). (A third process, for the link-loss tests alone, loaded the
 # machine enough that an interrupt timed to land while a link was down landed elsewhere.)
 # Each group beside the main process keeps its Ray sessions in a folder of its own
 # (RAY_TMPDIR), so that no test reading /tmp/ray/session_latest meets their clusters, and the
@@ -124,7 +125,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_examples.py tests/test_link_loss.py"
+    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_versions.py tests/test_multihost.py"
 )
 ignore=()
 pids=()
@@ -136,14 +137,14 @@ for group in "${BESIDE[@]}"; do
     log="$(mktemp)"
     tmpdir="$(mktemp -d /tmp/jcl.XXXX)"
     echo "::: python -m pytest -x -q $group (beside the rest; its output follows theirs)"
-    RAY_TMPDIR="$tmpdir" "$PYTHON" -m pytest -x -q --durations=10 -p no:cacheprovider "${paths[@]}" >"$log" 2>&1 &
+    RAY_TMPDIR="$tmpdir" "$PYTHON" -m pytest -x -q --durations=25 -p no:cacheprovider "${paths[@]}" >"$log" 2>&1 &
     pids+=($!)
     logs+=("$log")
     tmpdirs+=("$tmpdir")
 done
 echo "::: python -m pytest -x -q ${ignore[*]}"
 rc=0
-"$PYTHON" -m pytest -x -q --durations=15 "${ignore[@]}" || rc=$?
+"$PYTHON" -m pytest -x -q --durations=40 "${ignore[@]}" || rc=$?
 status "$rc"
 for i in "${!BESIDE[@]}"; do
     rc_group=0
