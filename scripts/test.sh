@@ -19,8 +19,8 @@
 #   4. The tests: the layers of the kernel side (lint-imports, pyproject.toml's [tool.importlinter]); then
 #      with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
 #      unit tests (jest, in labextension/), then the whole suite as two pytest processes side
-#      by side (the examples and the link-loss tests, which mostly wait out long outages, beside
-#      the rest). Exits with the status of the first
+#      by side (the examples, the link-loss tests, which mostly wait out long outages, the
+#      Train/Tune runs and the browser tests beside the rest). Exits with the status of the first
 #      that failed; pytest's exit code 5 (no tests collected) is reported as a failure.
 set -euo pipefail
 
@@ -97,10 +97,13 @@ echo "::: the layers: lint-imports"
 
 # With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
 # processes side by side, of about the same length on two cores: the example notebooks, the
-# link-loss tests (which mostly wait out outages of 45 s or more), the Train/Tune runs, the
-# version checks and the two-host cluster in one, all the others in the other (a run here with
-# only the first two in the first: 1518 s and 2730 s). (A third process, for the link-loss tests alone, loaded the
-# machine enough that an interrupt timed to land while a link was down landed elsewhere.)
+# link-loss tests (which mostly wait out outages of 45 s or more), the Train/Tune runs and the
+# browser tests in one, all the others in the other. Every test that lets the head find its Ray
+# (`--start-head`, `up`: a head started by this project is recorded in /tmp/jc-*, which any
+# head on this machine reads) runs in the main process, one at a time: with the two-host cluster
+# and the version checks beside, test_ssh's `--start-head` found their heads and attached to
+# them. (A third process, for the link-loss tests alone, loaded the machine enough that an
+# interrupt timed to land while a link was down landed elsewhere.)
 # Each group beside the main process keeps its Ray sessions in a folder of its own
 # (RAY_TMPDIR), so that no test reading /tmp/ray/session_latest meets their clusters, and the
 # Ray heads they start over SSH have a --temp-dir that --start-head never looks in. With
@@ -125,7 +128,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_versions.py tests/test_multihost.py"
+    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py"
 )
 ignore=()
 pids=()
