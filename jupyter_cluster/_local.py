@@ -64,20 +64,30 @@ class EmbeddedAgent:
         threading.Thread(target=self._drain, daemon=True, name="jupyter-cluster-agent-stdout").start()
 
     def _wait_ready(self) -> dict[str, object]:
-        result: list[bytes] = []
-        reader = threading.Thread(target=lambda: result.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        """The agent's announcement: the first line of its stdout that is one (any other goes to its log)."""
+        result: dict[str, object] = {}
+
+        def read() -> None:
+            assert self.process.stdout is not None
+            for line in self.process.stdout:
+                try:
+                    answer = json.loads(line)
+                except ValueError:
+                    answer = None
+                if isinstance(answer, dict) and ("ready" in answer or "error" in answer):
+                    result.update(answer)
+                    return
+                with open(self.log, "ab") as log:
+                    log.write(line)
+
+        reader = threading.Thread(target=read, daemon=True)
         reader.start()
         reader.join(START_TIMEOUT)
-        line = result[0] if result else b""
-        try:
-            ready = json.loads(line) if line else {}
-        except ValueError:
-            ready = {}
-        if not ready.get("ready"):
+        if not result.get("ready"):
+            detail = result.get("error") or self.tail_log()  # before stop(), which removes the log
             self.stop()
-            detail = ready.get("error") or self.tail_log()
             raise ClusterConnectionError(f"the embedded cluster did not start: {detail}")
-        return ready
+        return result
 
     def _drain(self) -> None:
         assert self.process.stdout is not None

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_cluster._errors import ClusterConnectionError
+from jupyter_cluster._local import EmbeddedAgent
 from jupyter_cluster.agent._reaper import descendants
 
 from .kernel import Kernel, text
@@ -126,3 +128,27 @@ def test_a_busy_agent_answers_sigterm() -> None:
     finally:
         kernel.kc.stop_channels()
         kernel.km.shutdown_kernel(now=True)
+
+
+def test_an_embedded_cluster_of_fewer_cpus_than_the_machine_has_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``%cluster local --cpus 4`` gives 4.0: on a machine of more cores Ray made the raylet's
+    ``--maximum_startup_concurrency=4.0`` of it, the raylet refused the flag, and the cluster never started (seen on
+    a 16-core machine). This machine has two cores, so the agent's Python is told it has 16 (a sitecustomize)."""
+    (tmp_path / "sitecustomize.py").write_text("import multiprocessing\nmultiprocessing.cpu_count = lambda: 16\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    agent = EmbeddedAgent(2.0, None, None)
+    try:
+        assert agent.ready.get("ready") is True
+    finally:
+        agent.stop()
+
+
+def test_an_embedded_cluster_that_cannot_start_says_why() -> None:
+    """The agent's own error, read from its log before the log is removed (it said "(no log)")."""
+    with pytest.raises(ClusterConnectionError) as caught:
+        EmbeddedAgent(1, None, 1024)  # an object store of 1 KiB: Ray refuses it
+    message = str(caught.value)
+    assert "did not start" in message and "(no log)" not in message, message
+    assert "object store" in message.lower() or "object_store" in message.lower(), message

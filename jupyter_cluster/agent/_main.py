@@ -93,17 +93,34 @@ def use_token_auth(address: str) -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
+def _count(value: float | None) -> float | int | None:
+    """A whole number of CPUs or GPUs as an int: Ray derives the raylet's int flags from it (4.0 CPUs on a machine
+    of more cores made ``--maximum_startup_concurrency=4.0``, which the raylet refuses, and the node never started)."""
+    return int(value) if value is not None and float(value).is_integer() else value
+
+
 def init_ray(args: argparse.Namespace) -> None:
     if not args.local:
         use_token_auth(args.address)
     import ray
 
-    # Worker logs come to the agent only for Ray's progress bars (see ._progress): cells carry their own output.
-    kwargs: dict[str, Any] = {"namespace": "jupyter_cluster", "log_to_driver": True, "configure_logging": False}
+    from ._logs import SETUP_HOOK
+
+    # Workers' lines come to the agent, which routes each to the cell that started the work (see ._logs);
+    # every worker of its job marks its output by task (Ray's worker_process_setup_hook).
+    runtime_env: dict[str, Any] = {"worker_process_setup_hook": SETUP_HOOK}
+    kwargs: dict[str, Any] = {
+        "namespace": "jupyter_cluster",
+        "log_to_driver": True,
+        "configure_logging": False,
+        "runtime_env": runtime_env,
+    }
     if args.local:
         # "local": a Ray of our own even where `ray start` left one running (plain
         # ray.init() would join that one, and refuse the CPU count).
-        kwargs.update(address="local", num_cpus=args.num_cpus, num_gpus=args.num_gpus, include_dashboard=False)
+        kwargs.update(
+            address="local", num_cpus=_count(args.num_cpus), num_gpus=_count(args.num_gpus), include_dashboard=False
+        )
         if args.object_store_memory:
             kwargs["object_store_memory"] = args.object_store_memory
     else:
@@ -112,11 +129,16 @@ def init_ray(args: argparse.Namespace) -> None:
             kwargs["_node_ip_address"] = os.environ["RAY_NODE_IP_ADDRESS"]
     if args.ship:
         # The agent's code was shipped to this head only: Ray carries it to every worker.
-        kwargs["runtime_env"] = {"py_modules": [os.path.join(args.ship, "jupyter_cluster")]}
+        runtime_env["py_modules"] = [os.path.join(args.ship, "jupyter_cluster")]
     if not args.local:
         ray.init(**kwargs)
     else:
         _init_local(ray, kwargs)
+    # Ray prints its workers' lines to the driver's stdout, which is the agent's announcement to the
+    # kernel: the agent routes them itself (see ._logs), from before the first worker writes.
+    from ray._private import worker
+
+    worker.global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
     if args.local:
         wait_for_workers(int(ray.available_resources().get("CPU", 0)))
 
@@ -184,6 +206,10 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
 
     async def cancel(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", runner.cancel(body["cell_id"]), final=True)
+
+    async def logs(body: dict[str, Any], session: Any, emit: Any) -> None:
+        lines = runner.lines
+        emit("done", lines.log.tail(body.get("tail")) if lines else {"lines": [], "total": 0, "kept": 0}, final=True)
 
     async def kill_actor(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", runner.kill_actor(body["name"]), final=True)
@@ -270,6 +296,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         "describe": describe,
         "get": get,
         "kill_actor": kill_actor,
+        "logs": logs,
         "metrics_source": metrics_source,
         "ping": ping,
         "put": put,
@@ -317,9 +344,10 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
         raise SystemExit("no session secret (JUPYTER_CLUSTER_SECRET or --secret-file): refusing to serve")
     loop = asyncio.get_running_loop()
     runner = CellRunner(loop, driver)
-    from ._progress import install
+    from . import _logs, _progress
 
-    install(loop, runner.driver_cell_emit)
+    _progress.install(loop, runner.driver_cell_emit)
+    runner.lines = _logs.install(loop, runner.cell_emit)
     server = AgentServer(args.socket, secret, {})
     sampler = MetricsSampler(loop)
     server.handlers.update(handlers(runner, server, sampler))
