@@ -36,7 +36,7 @@ from ._inputs import InputLedger, pickle_value
 from ._link import AgentLink, UnixTransport
 from ._local import EmbeddedAgent
 from ._modules import NotebookModules
-from ._status import ClusterStatus
+from ._status import ClusterLogs, ClusterStatus
 from ._views import ProgressView
 from .agent._execute import CellSpec, cell_filename
 
@@ -673,6 +673,18 @@ class Cluster:
         return ClusterStatus(
             data, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher, self.launched_here
         )
+
+    def logs(self, tail: int | None = 200) -> ClusterLogs:
+        """What the cluster's workers printed that no running cell could take: lines of work a cell started
+        that came after the cell ended, of threads of no cell, of Ray's own processes, and a flooding cell's
+        overflow. The agent keeps the latest 10,000; ``tail``: how many to return (None: all it keeps).
+
+        >>> print(jc.current().logs(tail=20))  # doctest: +SKIP
+        """
+        if tail is not None and (not isinstance(tail, int) or isinstance(tail, bool) or tail < 0):
+            raise InputError(f"logs(tail=...) takes a count of lines, 0 or more, or None for all; got {tail!r}")
+        data = self._link.call("logs", {"tail": tail})
+        return ClusterLogs(data["lines"], data["total"], data["kept"])
 
     def cancel_all(self) -> None:
         for cell in list(self.cells.values()):

@@ -185,6 +185,8 @@ def _cluster_parser() -> argparse.ArgumentParser:
     connect.add_argument("--ray-token-file", help="a file holding the Ray cluster's token (token authentication)")
     commands.add_parser("disconnect", help="detach; the agent and its work keep running")
     commands.add_parser("status", help="nodes, resources, cells and actors")
+    logs = commands.add_parser("logs", help="what the workers printed that no running cell took")
+    logs.add_argument("--tail", type=int, default=200, help="how many of the latest lines (0: all the agent keeps)")
     dash = commands.add_parser("dashboard", help="a live dashboard of the cluster")
     dash.add_argument("--window", type=float, default=300.0, help="seconds of history in the time series")
     dash.add_argument(
@@ -232,6 +234,10 @@ class ClusterMagics(Magics):
             )
         elif args.command == "status":
             _display(self._attached().status())
+        elif args.command == "logs":
+            if args.tail < 0:
+                raise UsageError(f"%cluster logs --tail: a count of lines, 0 for all; got {args.tail}")
+            print(self._attached().logs(tail=args.tail or None))
         elif args.command == "dashboard":
             from .widgets import Dashboard
 
@@ -254,7 +260,7 @@ class ClusterMagics(Magics):
         elif args.command == "forward":
             self._forward(args)
         else:
-            commands = "local, connect, up, disconnect, status, dashboard, forward or down"
+            commands = "local, connect, up, disconnect, status, logs, dashboard, forward or down"
             raise UsageError(f"%cluster needs a command: {commands}\n{_cluster_parser().format_usage()}")
 
     def _forward(self, args: argparse.Namespace) -> None:

@@ -289,6 +289,9 @@ class RemoteHead:
         return f"{self.python} -c {shlex.quote(entry)} {arguments}"
 
     async def start_ray(self, arguments: str, env: dict[str, str], timeout: float = 180.0) -> Any:
+        # Ray's log monitor looks for new workers' files every 0.1 s, not 0.5 s: a worker's first lines then reach
+        # the cell that started the work before the cell ends (see agent/_logs.py).
+        env = {"LOG_NAME_UPDATE_INTERVAL_S": "0.1", **env}
         env_words = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         return await self.run(f"{env_words} {self.ray_cli(arguments)}", timeout=timeout)
 

@@ -161,6 +161,35 @@ _STYLE = (
 )
 
 
+class ClusterLogs:
+    """The cluster's log (``Cluster.logs``, ``%cluster logs``): the workers' lines that no running cell took.
+
+    ``lines``: ``(time, stream, text)`` oldest first; ``total``: how many came in all (the agent keeps the latest
+    ``kept``). Printed, the lines in order, stderr's marked, after a line saying how many are not kept.
+    """
+
+    def __init__(self, lines: list[Any], total: int, kept: int) -> None:
+        self.lines = [(float(when), str(stream), str(text)) for when, stream, text in lines]
+        self.total = total
+        self.kept = kept
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __str__(self) -> str:
+        if not self.total:
+            return "The cluster's log is empty: every line the workers printed went to the cell that started the work."
+        head = []
+        if self.total > len(self.lines):
+            shown = f"the last {len(self.lines):,}" if self.lines else "none"
+            head.append(f"[{self.total:,} lines in the cluster's log; {shown} shown]")
+        body = [f"{text}" if stream == "stdout" else f"{text}  [stderr]" for _, stream, text in self.lines]
+        return "\n".join(head + body)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _e(value: Any) -> str:
     return html.escape(str(value))
 
@@ -294,4 +323,4 @@ def status_html(status: ClusterStatus, button: bool = False) -> str:
     return f'{_STYLE}<div class="jc-card jc-status">{title}<table>{"".join(rows)}</table>{nodes}{lists}</div>'
 
 
-__all__ = ["DASHBOARD_BUTTON", "ClusterStatus", "started_actor", "status_html"]
+__all__ = ["DASHBOARD_BUTTON", "ClusterLogs", "ClusterStatus", "started_actor", "status_html"]

@@ -83,6 +83,22 @@ class Kernel:
             self.km.shutdown_kernel(now=True)
 
 
+def attach_second(socket: str, secret: str, name: str = "second") -> Kernel:
+    """Another notebook on the agent at ``socket``: a kernel whose link (a session of its own) reaches the same
+    agent, as a second notebook's does over SSH, the link's transport aside."""
+    second = Kernel()
+    second.ok(
+        "%load_ext jupyter_cluster\n"
+        "import jupyter_cluster as jc\n"
+        "from jupyter_cluster import _cluster\n"
+        "from jupyter_cluster._link import AgentLink, UnixTransport\n"
+        f"link = AgentLink(UnixTransport({socket!r}), {secret!r}, {name!r})\n"
+        "link.connect()\n"
+        "_cluster.attach(_cluster.Cluster(link, kind='embedded local'))"
+    )
+    return second
+
+
 def text(messages: list[Any], name: str | None = None) -> str:
     """What the messages printed (``name``: only ``stdout`` or ``stderr``)."""
     return "".join(

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .kernel import Kernel, error_text, text
+from .kernel import Kernel, attach_second, error_text, text
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -24,20 +24,10 @@ ANSWER_WITHIN = 1.0
 
 
 def _attached_second(first: Kernel) -> Kernel:
-    """A second notebook on the first one's agent: a link of its own (a session of its own) to the same socket."""
+    """A second notebook on the first one's agent."""
     where = text(first.ok("agent = __import__('jupyter_cluster').current()._agent\nprint(agent.socket, agent.secret)"))
     socket, secret = where.split()
-    second = Kernel()
-    second.ok(
-        "%load_ext jupyter_cluster\n"
-        "import jupyter_cluster as jc\n"
-        "from jupyter_cluster import _cluster\n"
-        "from jupyter_cluster._link import AgentLink, UnixTransport\n"
-        f"link = AgentLink(UnixTransport({socket!r}), {secret!r}, 'second')\n"
-        "link.connect()\n"
-        "_cluster.attach(_cluster.Cluster(link, kind='embedded local'))"
-    )
-    return second
+    return attach_second(socket, secret)
 
 
 class Running:

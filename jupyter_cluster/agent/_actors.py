@@ -106,6 +106,7 @@ class ActorCells:
         refs = method.remote(runner.spec_bytes(spec), *args)
         refs = refs if isinstance(refs, list) else [refs]
         cell.refs = refs
+        runner.note_work(cell, refs)
         handles = runner.settle_outputs(spec, refs[1:])
         runner.started(cell, request, {"mode": "actor", "actor": cell.actor})
         outcome = await runner.finish(cell, refs[0])

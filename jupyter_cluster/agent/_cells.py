@@ -26,6 +26,7 @@ from ._actors import ActorCells
 from ._driver import DriverCells
 from ._execute import CellOutcome, CellSpec, Pickled, RemoteFailure, failed_outputs, unwrap
 from ._interrupt import MainThreadCells
+from ._logs import WorkerLines
 from ._map import MapCells
 from ._objects import CellRequestError, ObjectTable
 from ._output import OutputPump
@@ -81,6 +82,7 @@ class TaskCells:
         refs = remote.remote(runner.spec_bytes(spec), *args)
         refs = refs if isinstance(refs, list) else [refs]
         cell.refs = refs
+        runner.note_work(cell, refs)
         handles = runner.settle_outputs(spec, refs[1:])
         runner.started(cell, request, {"mode": "task"})
         outcome = await runner.finish(cell, refs[0])
@@ -113,6 +115,8 @@ class CellRunner:
         self.running: dict[str, RunningCell] = {}
         self.inputs: dict[str, tuple[str, Any]] = {}
         self._remotes: dict[Any, Any] = {}
+        #: Routes the workers' lines to the cells that started the work (set by the agent; see ._logs).
+        self.lines: WorkerLines | None = None
         self.actor_cells = ActorCells(self)
         self.driver_cells = DriverCells(self)
         self.modes: dict[str, Mode] = {
@@ -130,6 +134,21 @@ class CellRunner:
     def kill_actor(self, name: str) -> bool:
         """Kill actor ``name`` (its namespace and whatever it runs); False if there is none."""
         return self.actor_cells.kill(name)
+
+    def cell_emit(self, cell_id: str) -> Emit | None:
+        """The emit of cell ``cell_id`` while it runs (any thread may ask)."""
+        cell = self.running.get(cell_id)
+        return cell.emit if cell is not None else None
+
+    def note_work(self, cell: RunningCell, submitted: Any) -> None:
+        """``submitted`` (refs, a chunk's refs, an actor call) is the cell's own work."""
+        if self.lines is not None:
+            self.lines.note_submitted(submitted, cell.cell_id)
+
+    def started_work(self, cell: RunningCell) -> None:
+        """The cell's code started tasks or actors: its end waits for what they print (see ._logs)."""
+        if self.lines is not None:
+            self.lines.mark_started(cell.cell_id)
 
     def driver_cell_emit(self) -> Emit | None:
         """The emit of the driver cell started last and still running (any thread may ask)."""
@@ -247,6 +266,8 @@ class CellRunner:
             failure = outcome.failure if outcome is not None else None
             if cell.cancelled:
                 result["cancelled"] = cell.cancelled
+            if self.lines is not None:
+                await self.lines.settle(spec.cell_id, time.time() - cell.started)
             emit("done", result, final=True)
         except CellRequestError as exc:
             failure = _request_failure(spec, str(exc))
@@ -257,6 +278,8 @@ class CellRunner:
             if options.get("ephemeral") and cell.actor:
                 self.actor_cells.end_run(cell)
             self.running.pop(spec.cell_id, None)
+            if self.lines is not None:
+                self.lines.forget(spec.cell_id)
             self.output.close(spec.cell_id)
             unsettled = [h for h in outputs if self.table.is_pending(h)]
             if unsettled:  # they will never have a value: they carry the failure
@@ -294,6 +317,8 @@ class CellRunner:
                 else:
                     raw = await envelope
             outcome: CellOutcome = pickle.loads(raw)
+            if outcome.spawned:
+                self.started_work(cell)
         except ray.exceptions.RayError as exc:
             stopped = (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError)
             if cell.cancelled and isinstance(exc, stopped):

@@ -58,8 +58,12 @@ class DriverCells:
             handles[name] = handle_id = f"{spec.cell_id}/{name}"
             info = outcome.outputs.get(name)
             remote = info is not None and info.kind == "remote"
-            # What came back inline is put in the object store only if a later cell asks.
-            runner.table.settle(handle_id, ray.put(value) if remote else Deferred(value))
+            # What came back inline is put in the object store only if a later cell asks. An ObjectRef is held as
+            # it is (Ray refuses to put one): a later cell, like a task given a ref, reads the value it stands for.
+            if isinstance(value, ray.ObjectRef):
+                runner.table.settle(handle_id, value)
+            else:
+                runner.table.settle(handle_id, ray.put(value) if remote else Deferred(value))
         return {"outcome": outcome, "handles": handles}
 
     def cancel(self, cell: RunningCell) -> None:

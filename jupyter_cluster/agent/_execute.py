@@ -34,6 +34,7 @@ try:
 except ImportError:  # a head without it: Ray carries its own copy
     from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 
+from . import _logs
 from ._protocol import Pickled
 from ._sources import ModuleSource
 
@@ -133,6 +134,8 @@ class CellOutcome:
     chunks_sent: int = 0
     node: str = ""
     elapsed: float = 0.0
+    #: Tasks and actors the cell's code started (its end waits for what they print: see ._logs).
+    spawned: int = 0
 
 
 @dataclass
@@ -184,6 +187,7 @@ class MapChunk:
     chunks_sent: int = 0
     node: str = ""
     elapsed: float = 0.0
+    spawned: int = 0
     refs: dict[str, dict[int, Any]] = field(default_factory=dict)
 
     def add(self, spec: CellSpec, outcome: CellOutcome) -> None:
@@ -197,6 +201,7 @@ class MapChunk:
         self.chunks_sent = outcome.chunks_sent  # the items share one output: the last counts every batch
         self.node = outcome.node
         self.elapsed += outcome.elapsed
+        self.spawned += outcome.spawned
 
 
 class CellStream(io.TextIOBase):
@@ -518,12 +523,13 @@ def run_in_namespace(
     bind come back as ``"missing"``.
     """
     start = time.perf_counter()
+    spawned = _logs.spawned()
     outcome = CellOutcome(node=node)
     values: list[Any] = []
     result: Any = None
     try:
         body, last = compile_cell(spec)
-        with _Capture(output, ns):
+        with _Capture(output, ns), _logs.cell(spec.cell_id):
             exec(body, ns)
             if last is not None:
                 result = eval(last, ns)
@@ -549,4 +555,5 @@ def run_in_namespace(
     output.close()
     outcome.chunks_sent = output.sends
     outcome.elapsed = time.perf_counter() - start
+    outcome.spawned = _logs.spawned() - spawned
     return outcome, values

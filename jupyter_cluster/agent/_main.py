@@ -116,6 +116,9 @@ def init_ray(args: argparse.Namespace) -> None:
         "runtime_env": runtime_env,
     }
     if args.local:
+        from ._logs import LOG_SCAN
+
+        os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", LOG_SCAN)  # Ray's log monitor, started by ray.init
         # "local": a Ray of our own even where `ray start` left one running (plain
         # ray.init() would join that one, and refuse the CPU count).
         kwargs.update(

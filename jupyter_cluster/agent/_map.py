@@ -178,6 +178,8 @@ class MapCells:
         waiter = ChunkWaiter(runner.loop, cell.refs, on_batch)
         await waiter.ended
         sent = sum(c.chunks_sent for c in chunks if c is not None)
+        if any(c.spawned for c in chunks if c is not None):
+            runner.started_work(cell)
         if failure or cell.cancelled or any(c is None for c in chunks):
             self.stop(cell, force=False)
             await runner.output_of(cell, sent, 1.0)

@@ -6,7 +6,7 @@ driver for ``--driver`` cells, so it takes both roles over: the bar manager of i
 process (a driver cell's bars) and the handler of its workers' log lines (the bars of
 the tasks a driver cell starts) both send the JSON line to the driver cell running now,
 as its output; the notebook draws it (see :class:`jupyter_cluster.widgets._progress.RemoteBars`).
-Other worker log lines are dropped, as before: cells carry their own output.
+The other lines of the workers go to the cell that started the work (see :mod:`._logs`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def install(loop: asyncio.AbstractEventLoop, current: Callable[[], Callable[...,
     with tqdm_ray._mgr_lock:
         tqdm_ray._manager = bars  # type: ignore[assignment]
     dispatcher = worker.global_worker_stdstream_dispatcher
-    dispatcher.remove_handler("ray_print_logs")
+    dispatcher.remove_handler("ray_print_logs")  # the agent's own stdout is no notebook's
     dispatcher.add_handler("jupyter_cluster_bars", bars.on_logs)
     return bars
 

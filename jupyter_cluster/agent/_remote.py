@@ -33,6 +33,7 @@ from ._execute import (
     upstream_failure,
 )
 from ._interrupt import MainThreadCells, interrupt_process
+from ._logs import unnoted
 from ._sources import ModuleSource, install_sources
 
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -95,7 +96,12 @@ def _relay_sink(spec: CellSpec, stream: int = 0) -> Any:
     relay = _relays.get(spec.relay)
     if relay is None:
         relay = _relays[spec.relay] = ray.get_actor(spec.relay)
-    return lambda index, batch: relay.push.remote(spec.cell_id, stream, index, batch)
+
+    def push(index: int, batch: list[tuple[str, Any]]) -> Any:
+        with unnoted():
+            return relay.push.remote(spec.cell_id, stream, index, batch)
+
+    return push
 
 
 def announce(spec: CellSpec, stream: int = 0, items: int = 1) -> None:

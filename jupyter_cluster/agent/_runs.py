@@ -16,6 +16,8 @@ import sys
 import threading
 from typing import Any
 
+from ._logs import unnoted
+
 #: Where runs keep their results and checkpoints on the head, unless told otherwise.
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), "ray_results", "jupyter_cluster")
 
@@ -97,7 +99,8 @@ class Sender:
     def push(self, stream: int, index: int, batch: list[tuple[str, Any]]) -> None:
         if self.actor is None:
             return
-        ref = self.actor.push.remote(self.cell_id, stream, index, batch)
+        with unnoted():
+            ref = self.actor.push.remote(self.cell_id, stream, index, batch)
         with self._lock:
             self._pending.append(ref)
             if len(self._pending) >= 64:
