@@ -18,7 +18,7 @@ import jupyter_cluster as jc
 from jupyter_cluster.agent import _logs
 
 from .conftest import remote
-from .kernel import Kernel, attach_second, text
+from .kernel import attach_second, text
 
 pytestmark = pytest.mark.timeout(300)
 
