@@ -325,7 +325,6 @@ class WorkerLines:
         self.started: set[str] = set()  # cells that started work (their end waits for its last lines)
         self.lock = threading.Lock()
         self.timer: threading.Timer | None = None
-        self.settled: deque[float] = deque(maxlen=100)  # how long the last cells waited for their lines
 
     # ----------------------------------------------------------- what cells start
     def note_submitted(self, submitted: Any, cell_id: str) -> None:
@@ -493,7 +492,6 @@ class WorkerLines:
                 if time.monotonic() - max(self.last_line.get(cell_id, began), began) >= quiet:
                     break
                 await asyncio.sleep(0.05)
-            self.settled.append(time.monotonic() - began)
         flood = self.floods.get(cell_id)
         emit = self.emitter(cell_id)
         if flood is not None and flood.over and emit is not None:
