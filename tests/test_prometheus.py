@@ -164,6 +164,32 @@ def test_scraping_many_nodes_is_spaced_out_to_its_budget(monkeypatch: pytest.Mon
         few.close()
 
 
+def test_a_new_source_starts_at_the_interval(monkeypatch: pytest.MonkeyPatch, prometheus: PrometheusServer) -> None:
+    """Rounds spaced out for many scraped nodes do not slow the source that replaces them: Prometheus answers
+    every interval at once (seen: 17.6 s apart at first, after scraping 1,000 nodes every 25 s)."""
+    many = SimulatedNodes(400, SESSION)
+
+    async def switch() -> tuple[float, float, dict[str, Any]]:
+        monkeypatch.setenv("JUPYTER_CLUSTER_METRICS_NODES", many.endpoints_env())
+        sampler = _sampler(interval=0.5, timeout=5.0, prometheus="http://127.0.0.1:1")
+        try:
+            for _ in range(3):
+                await sampler.sample()
+            spaced = sampler.every
+            await sampler.use(prometheus.url)
+            await sampler.sample()
+            return spaced, sampler.every, sampler.source
+        finally:
+            sampler.close()
+
+    try:
+        spaced, after, source = asyncio.run(switch())
+    finally:
+        many.close()
+    assert spaced > 1.0, spaced
+    assert after < 1.0 and source["kind"] == "prometheus" and source["every"] == round(after, 2), (after, source)
+
+
 # ---------------------------------------------------------------------- through a notebook's cluster
 
 

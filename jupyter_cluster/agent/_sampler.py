@@ -239,7 +239,10 @@ class MetricsSampler:
         else:
             self._prometheus, self._chosen = None, prometheus is False
             self._probed_at = -PROBE_EVERY
-            self.source = {"kind": "scrape", "every": self.every}
+            self.source = {"kind": "scrape", "every": self.interval}
+        # Another source, another cost: the pace of the last one's rounds does not carry over (rounds of a thousand
+        # nodes scraped, 25 s apart, kept a Prometheus that answers at once as slow for minutes).
+        self._cost, self.every = 0.0, self.interval
         return dict(self.source)
 
     async def _run(self) -> None:
