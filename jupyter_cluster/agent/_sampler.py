@@ -58,8 +58,10 @@ EXTRA_NODES_ENV = "JUPYTER_CLUSTER_METRICS_NODES"
 
 #: The nodes a dashboard draws one by one (the cluster's totals count them all).
 SHOWN = 32
-#: The share of one core that scraping the nodes may take; rounds are spaced to keep to it.
-BUDGET = 0.03
+#: The share of one core that a round's own work may take; rounds are spaced to keep to it. The rest of what a
+#: dashboard costs the agent (sending what changed) comes on top: with 0.03 here, scraping 100 nodes took the
+#: agent 3.8 % of a core against 0.7 % idle; 0.025 keeps the whole under 3 %.
+BUDGET = 0.025
 #: The longest wait between two rounds.
 MAX_EVERY = 60.0
 #: How often, while scraping, to look again for a Prometheus server where Ray's setting points.
