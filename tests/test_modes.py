@@ -109,16 +109,22 @@ def test_retries_rerun_a_task_whose_worker_died(shell: Any, tmp_marker: str) -> 
     assert "died" in str(res.error_in_exec) and "did not retry" in str(res.error_in_exec)
 
 
-def test_submit_put_get_wait(cluster: jc.Cluster) -> None:
-    def slow(seconds: float, value: int) -> int:
+def test_submit_put_get_wait(cluster: jc.Cluster, tmp_marker: str) -> None:
+    """``jc.wait`` returns what is ready: two calls wait for a file made only once the first wait has returned (not
+    on how soon a worker starts: a fresh one took over a second beside the browser tests)."""
+
+    def slow(marker: str, value: int) -> int:
+        import os
         import time
 
-        time.sleep(seconds)
+        while marker and not os.path.exists(marker):
+            time.sleep(0.05)
         return value
 
-    handles = [jc.submit(slow, s, v) for s, v in [(1.5, 1), (0.1, 2), (0.8, 3)]]
+    handles = [jc.submit(slow, m, v) for m, v in [(tmp_marker, 1), ("", 2), (tmp_marker, 3)]]
     ready, not_ready = jc.wait(handles, num_returns=1, timeout=30)
     assert [jc.get(h) for h in ready] == [2] and len(not_ready) == 2
+    open(tmp_marker, "w").close()
     ready, not_ready = jc.wait(handles, num_returns=3, timeout=30)
     assert not not_ready and sorted(jc.get(ready)) == [1, 2, 3]
     stored = jc.put({"k": list(range(10))})
