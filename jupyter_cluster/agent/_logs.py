@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ._progress import RAY_TQDM_MAGIC
+
 log = logging.getLogger("jupyter_cluster.agent")
 
 MARK_TASK = ":jc_task:"
@@ -147,7 +149,8 @@ def _noted(submitted: Any) -> None:
             parent = _current_task()
             owner = "@" + parent if parent is not None else None
         task = _task_of(submitted) if owner is not None else None
-        if task is not None and owner is not None:
+        if task is not None:
+            assert owner is not None
             if not owner.startswith("@"):
                 global _spawned
                 _spawned += 1
@@ -267,7 +270,6 @@ class ClusterLog:
         self.lines: deque[tuple[float, str, str]] = deque(maxlen=limit)
         self.total = 0
         self.lock = threading.Lock()
-        self.listeners: list[Callable[[list[tuple[float, str, str]]], None]] = []
 
     def add(self, entries: list[tuple[float, str, str]]) -> None:
         if not entries:
@@ -275,8 +277,6 @@ class ClusterLog:
         with self.lock:
             self.lines.extend(entries)
             self.total += len(entries)
-        for listener in list(self.listeners):
-            listener(entries)
 
     def tail(self, count: int | None = None) -> dict[str, Any]:
         with self.lock:
@@ -372,8 +372,6 @@ class WorkerLines:
             log.warning("could not route a worker's output", exc_info=True)
 
     def _on_logs(self, data: dict[str, Any]) -> None:
-        from ._progress import RAY_TQDM_MAGIC
-
         if data.get("pid") in ("autoscaler", "raylet"):  # Ray's own words: the log, as Ray's driver filters them
             self._ray_lines(data)
             return

@@ -55,7 +55,7 @@ class DriverBars:
 
 
 def install(loop: asyncio.AbstractEventLoop, current: Callable[[], Callable[..., None] | None]) -> DriverBars | None:
-    """Take over ``tqdm_ray``'s bar manager and Ray's worker-log printing in this (driver) process."""
+    """Take over ``tqdm_ray``'s bar manager, and route its bars in the workers' lines, in this (driver) process."""
     try:
         from ray._private import worker
         from ray.experimental import tqdm_ray
@@ -64,9 +64,8 @@ def install(loop: asyncio.AbstractEventLoop, current: Callable[[], Callable[...,
     bars = DriverBars(loop, current)
     with tqdm_ray._mgr_lock:
         tqdm_ray._manager = bars  # type: ignore[assignment]
-    dispatcher = worker.global_worker_stdstream_dispatcher
-    dispatcher.remove_handler("ray_print_logs")  # the agent's own stdout is no notebook's
-    dispatcher.add_handler("jupyter_cluster_bars", bars.on_logs)
+    # Ray's own printer of worker lines is already gone (see ._main.init_ray); the other lines go by ._logs.
+    worker.global_worker_stdstream_dispatcher.add_handler("jupyter_cluster_bars", bars.on_logs)
     return bars
 
 
