@@ -36,6 +36,7 @@ from ._errors import (
 )
 from ._handles import ObjectHandle
 from ._runs import Checkpoint, Run, RunError, TrainResult, TuneResult, train_torch, tune
+from ._sync import SyncError, SyncResult
 from ._version import __version__ as __version__
 from ._views import use as _use_views
 from .agent._space import SpaceError, choice, grid_search, loguniform, randint, uniform
@@ -55,9 +56,12 @@ def submit(
     gpus: float | None = None,
     memory: int | str | None = None,
     resources: dict[str, float] | None = None,
+    runtime_env: dict[str, Any] | None = None,
 ) -> ObjectHandle:
-    """Run ``fn(*args)`` as a Ray task on the attached cluster (see :meth:`Cluster.submit`)."""
-    return _attached().submit(fn, *args, cpus=cpus, gpus=gpus, memory=memory, resources=resources)
+    """Run ``fn(*args)`` as a Ray task on the attached cluster (see :meth:`Cluster.submit`);
+    ``runtime_env`` is Ray's (``{"pip": [...]}``), over the session's."""
+    cluster = _attached()
+    return cluster.submit(fn, *args, cpus=cpus, gpus=gpus, memory=memory, resources=resources, runtime_env=runtime_env)
 
 
 def map(  # noqa: A001 (the mirror of Ray's API, as jc.map)
@@ -65,11 +69,12 @@ def map(  # noqa: A001 (the mirror of Ray's API, as jc.map)
     *iterables: Iterable[Any],
     cpus: float | None = None,
     gpus: float | None = None,
+    runtime_env: dict[str, Any] | None = None,
     progress: bool | None = None,
 ) -> list[ObjectHandle]:
     """One task per element, like ``[f.remote(x) for x in xs]``, with a progress bar in a
     notebook (``progress=False``: none; see :meth:`Cluster.map`)."""
-    return _attached().map(fn, *iterables, cpus=cpus, gpus=gpus, progress=progress)
+    return _attached().map(fn, *iterables, cpus=cpus, gpus=gpus, runtime_env=runtime_env, progress=progress)
 
 
 def put(value: Any) -> ObjectHandle:
@@ -140,6 +145,15 @@ def forward(port: int, local: int | None = None) -> str:
     return _attached().forward(port, local)
 
 
+def sync(path: str | None = None, exclude: str | Iterable[str] = (), max_size: int | str = "100MiB") -> SyncResult:
+    """Send ``path`` (default: the notebook's folder) to the head; later cells run in it on
+    every node (Ray's ``working_dir``); a second sync sends only what changed (see :meth:`Cluster.sync`).
+
+    >>> jc.sync(exclude=["*.parquet"])          # doctest: +SKIP
+    """
+    return _attached().sync(path, exclude, max_size)
+
+
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext jupyter_cluster``: register the magics, and the JupyterLab sidebar's comm."""
     from ._magics import ClusterMagics
@@ -171,6 +185,8 @@ __all__ = [
     "Run",
     "RunError",
     "SpaceError",
+    "SyncError",
+    "SyncResult",
     "TrainResult",
     "TuneResult",
     "WaitTimeoutError",
@@ -189,6 +205,7 @@ __all__ = [
     "put",
     "randint",
     "submit",
+    "sync",
     "train_torch",
     "tune",
     "uniform",

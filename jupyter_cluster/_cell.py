@@ -113,6 +113,8 @@ class RemoteCell:
         self.progress = (0, 0)
         #: Where it runs (a node's address), once it has started (``--async`` and ``--map`` cells say).
         self.node: str | None = None
+        #: While Ray prepares the cell's runtime_env: what, for how long, its last log line.
+        self.preparing: dict[str, Any] | None = None
         #: ``--map``: items whose chunk has started (done ones included).
         self.started_items = 0
         self.stdout = ""
@@ -240,6 +242,10 @@ class RemoteCell:
                     self.stdout += text
                 elif kind == "stderr":
                     self.stderr += text
+        elif event == "preparing":
+            if self.started_items == 0 and not self.done():  # ("started" may have said running)
+                self.status = "preparing"
+            self.preparing = data
         elif event == "running":
             self.status = "running"
             self.node = data.get("node")
@@ -252,7 +258,8 @@ class RemoteCell:
         elif event in ("error", "lost"):
             error = data if isinstance(data, BaseException) else RequestError(data.get("message", "failed"), data)
             self._fail(error)
-        if event != "started" and (event != "running" or self.mode == "map"):  # don't wake a waiting notebook
+        if event != "started" and (event != "running" or self.mode == "map" or self.preparing is not None):
+            # (a plain "running" need not wake a waiting notebook: one that showed a preparing line does)
             self._events.put((event, data))
         with self._lock:
             self._history.append((event, data))

@@ -13,13 +13,14 @@ import html
 import itertools
 import linecache
 import logging
+import os
 import platform
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
-from . import _views
+from . import _environment, _sync, _views
 from ._analysis import analyse_cell
 from ._cell import RemoteCell
 from ._errors import (
@@ -116,6 +117,8 @@ class Cluster:
         self.launched_here = True
         #: The metrics the dashboards draw (a :class:`._feed.MetricsFeed`, made by the first).
         self._metrics_feed: Any = None
+        #: Content hashes of the files :meth:`sync` last read (re-read only when they change).
+        self._sync_digests = _sync.Digests()
         #: ``jc.map`` calls whose progress bar still runs: their handle ids, and their watch.
         self._trackers: list[tuple[frozenset[str], concurrent.futures.Future[Any]]] = []
         link.on_give_up = self._link_gave_up
@@ -189,6 +192,7 @@ class Cluster:
         resources: dict[str, float] | None = None,
         retries: int | None = None,
         timeout: float | None = None,
+        runtime_env: dict[str, Any] | None = None,
         pending_handles: bool = False,
         label: str | None = None,
         ephemeral: bool = False,
@@ -208,6 +212,9 @@ class Cluster:
             The names to bring back (default: every assigned name, none for actors).
         cpus, gpus, memory, resources, retries, timeout
             As Ray's task options; ``timeout`` cancels the cell after that many seconds.
+        runtime_env
+            Ray's ``runtime_env`` for this cell (``{"pip": [...], "env_vars": {...}}``), over the
+            session's (:meth:`set_runtime_env`); not for driver cells.
         pending_handles
             Make pending handles for the outputs (``--async``), in ``RemoteCell.handles``.
         ephemeral
@@ -226,7 +233,13 @@ class Cluster:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if mode == "actor" and not actor:
             raise ValueError("an actor cell needs the actor's name (--actor NAME)")
-        options = self._options(cpus, gpus, memory, resources, retries, timeout)
+        options = self._options(cpus, gpus, memory, resources, retries, timeout, runtime_env)
+        if mode == "driver" and runtime_env:
+            raise ValueError(
+                "--pip, --env and --runtime-env are for cells that run as Ray tasks or actors; a --driver cell runs "
+                "in the agent's own process on the head. Give the tasks it starts their own "
+                "(`@ray.remote(runtime_env={...})`), or run this cell without --driver"
+            )
         if actor:
             options["actor"] = actor
         if ephemeral:
@@ -303,6 +316,7 @@ class Cluster:
         resources: dict[str, float] | None,
         retries: int | None,
         timeout: float | None,
+        runtime_env: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         for name, value in (("cpus", cpus), ("gpus", gpus), ("retries", retries), ("timeout", timeout)):
             if value is not None and value < 0:
@@ -322,6 +336,7 @@ class Cluster:
             "resources": resources,
             "retries": retries,
             "timeout": timeout,
+            "runtime_env": _environment.check(runtime_env) if runtime_env else None,
         }
 
     # --------------------------------------------------------------- objects
@@ -333,6 +348,7 @@ class Cluster:
         gpus: float | None = None,
         memory: int | str | None = None,
         resources: dict[str, float] | None = None,
+        runtime_env: dict[str, Any] | None = None,
     ) -> ObjectHandle:
         """Call ``fn(*args)`` as a Ray task; return a handle to its (future) result.
 
@@ -349,7 +365,7 @@ class Cluster:
         if shipped.modules:
             raise InputError("pass modules to submit() by importing them inside the function")
         sources = self._modules.for_cell((), (), shipped.pickles)
-        options = self._options(cpus, gpus, memory, resources, None, None)
+        options = self._options(cpus, gpus, memory, resources, None, None, runtime_env)
         body = {"inputs": shipped.entries, "options": options, "sources": tuple(sources), "label": f"jc.submit({name})"}
         handle_id = self._call("submit", body)
         return ObjectHandle(handle_id, {"type": name}, cluster=self, name=name)
@@ -360,6 +376,7 @@ class Cluster:
         *iterables: Iterable[Any],
         cpus: float | None = None,
         gpus: float | None = None,
+        runtime_env: dict[str, Any] | None = None,
         progress: bool | None = None,
     ) -> list[ObjectHandle]:
         """``[submit(fn, *args) for args in zip(*iterables)]``.
@@ -367,7 +384,8 @@ class Cluster:
         In a notebook, a progress bar below the cell follows the calls to the end (done,
         failed, rate) while the notebook goes on; ``progress=False`` leaves it out.
         """
-        handles = [self.submit(fn, *args, cpus=cpus, gpus=gpus) for args in zip(*iterables, strict=False)]
+        options: dict[str, Any] = {"cpus": cpus, "gpus": gpus, "runtime_env": runtime_env}
+        handles = [self.submit(fn, *args, **options) for args in zip(*iterables, strict=False)]
         if handles and _show_progress(progress, len(handles)):
             bar = _views.views.progress(len(handles), f"jc.map({getattr(fn, '__name__', 'fn')})", "calls")
             ids = [h.id for h in handles]
@@ -627,6 +645,48 @@ class Cluster:
             tell("forwards", self)
 
     # --------------------------------------------------------------- cluster
+    # ------------------------------------------------------------ environment
+    @property
+    def runtime_env(self) -> dict[str, Any]:
+        """The session's Ray ``runtime_env``, as the agent holds it (with the ``working_dir`` a sync set)."""
+        return dict(self._call("runtime_env", {}))
+
+    def set_runtime_env(self, runtime_env: dict[str, Any] | None) -> dict[str, Any]:
+        """Run this session's later cells, tasks and runs in Ray's ``runtime_env`` (``{"pip": [...],
+        "env_vars": {...}}``); a cell's own ``--pip``/``--env``/``--runtime-env`` add to it. ``None`` or ``{}``
+        clears it (but for the folder :meth:`sync` sent). Ray installs packages on each node that runs the
+        work, once per set of packages. Actors keep the environment they were made in.
+
+        >>> jc.current().set_runtime_env({"pip": ["pyjokes"], "env_vars": {"MODE": "fast"}})  # doctest: +SKIP
+        """
+        env = _environment.check(runtime_env or {})
+        return dict(self._call("runtime_env", {"env": env}))
+
+    def sync(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        exclude: str | Iterable[str] = (),
+        max_size: int | str = _sync.DEFAULT_MAX_SIZE,
+        progress: bool | None = None,
+    ) -> _sync.SyncResult:
+        """Send ``path`` (default: the notebook's folder) to the head; this session's later task,
+        actor and map cells run in it on every node, as Ray's ``working_dir``.
+
+        ``.gitignore`` files are honoured, and version control, caches and virtualenvs are left out;
+        ``exclude`` adds glob patterns (``"data/*.parquet"``). Over ``max_size`` (default 100 MiB)
+        it is refused, naming the largest files. A second sync sends only the files that changed.
+        Actors keep the folder they were made with; driver cells run in the agent on the head, where
+        the copy is at ``SyncResult.remote_path``.
+
+        >>> jc.sync()                            # doctest: +SKIP
+        <synced /home/me/project (12 files, 1.2 MiB) to ...: sent 12 changed file(s), 1.2 MiB, in 0.4 s; ...>
+        """
+        return _sync.sync(self, path, [exclude] if isinstance(exclude, str) else exclude, max_size, progress)
+
+    def unsync(self) -> bool:
+        """Stop running cells in the synced folder (its copy on the head is removed); False if none was synced."""
+        return bool(self._call("sync_off", {}))
+
     def metrics_source(self, prometheus: str | bool | None = None) -> dict[str, Any]:
         """Where the dashboards' figures come from, for every dashboard of this cluster.
 
@@ -805,13 +865,35 @@ def attached() -> Cluster:
     return cluster
 
 
-def local(cpus: float | None = None, gpus: float | None = None, object_store: int | str | None = None) -> Cluster:
+def with_session_env(
+    runtime_env: dict[str, Any] | None, attach: Callable[..., Cluster], *args: Any, **kwargs: Any
+) -> Cluster:
+    """``attach(*args, **kwargs)``, then the attached session's ``runtime_env`` set, if one is given
+    (its shape is checked first: a mistake in it attaches nothing)."""
+    env = _environment.check(runtime_env) if runtime_env is not None else None
+    cluster = attach(*args, **kwargs)
+    if env is not None:
+        cluster.set_runtime_env(env)
+    return cluster
+
+
+def local(
+    cpus: float | None = None,
+    gpus: float | None = None,
+    object_store: int | str | None = None,
+    runtime_env: dict[str, Any] | None = None,
+) -> Cluster:
     """Start the embedded local cluster (the agent as a child process) and attach to it.
 
-    If one is already attached, it is returned as it is.
+    If one is already attached, it is returned as it is (with ``runtime_env``, if given, as
+    its session's from now on: see :meth:`Cluster.set_runtime_env`).
 
     >>> cluster = jc.local(cpus=2)   # doctest: +SKIP
     """
+    return with_session_env(runtime_env, _local, cpus, gpus, object_store)
+
+
+def _local(cpus: float | None, gpus: float | None, object_store: int | str | None) -> Cluster:
     global _current
     with _lock:
         if _current is not None and _current.alive:

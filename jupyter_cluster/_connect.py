@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._cluster import Cluster, _detached, attach
+from ._cluster import Cluster, _detached, attach, with_session_env
 from ._errors import ClusterConnectionError
 from ._link import DEFAULT_KEEPALIVE, AgentLink, _LoopThread
 from ._ssh import HeadError, NoRayError, RemoteHead, SSHTarget, SSHTransport, open_ssh
@@ -231,6 +231,7 @@ def connect(
     ray_token_file: str | None = None,
     on_interrupt: str = "cancel",
     ship: str = "auto",
+    runtime_env: dict[str, Any] | None = None,
     _started: StartedRay | None = None,
 ) -> Cluster:
     """Attach the notebook to the Ray cluster whose head is ``target`` (``[user@]host[:port]``).
@@ -255,6 +256,9 @@ def connect(
         ``--temp-dir`` needs its address here).
     session
         Resume this session (its agent and work), from this kernel or another.
+    runtime_env
+        Ray's ``runtime_env`` for this session's cells (``{"pip": [...]}``): see
+        :meth:`Cluster.set_runtime_env`.
     reconnect_for
         Seconds the kernel keeps reconnecting after the link drops.
     keepalive
@@ -286,7 +290,9 @@ def connect(
             )
         from ._launcher import attach_config
 
-        return attach_config(
+        return with_session_env(
+            runtime_env,
+            attach_config,
             config,
             connect,
             identity=identity,
@@ -310,7 +316,7 @@ def connect(
     if session and session in _detached and not _started:
         cluster = _detached[session]
         cluster._link.reopen()
-        return attach(cluster)
+        return with_session_env(runtime_env, attach, cluster)
     token = _ray_token(ray_token_file)
     ssh_target = SSHTarget.parse(
         target, identity=identity, known_hosts=known_hosts, python=python, keepalive=float(keepalive)
@@ -346,7 +352,7 @@ def connect(
     cluster.started = started
     if started is not None:
         cluster.stoppers.append(lambda: _run(_stop_started(started), timeout=120))
-    return attach(cluster)
+    return with_session_env(runtime_env, attach, cluster)
 
 
 def up(
@@ -361,6 +367,7 @@ def up(
     reconnect_for: float = 600.0,
     keepalive: float = DEFAULT_KEEPALIVE,
     restart: bool = False,
+    runtime_env: dict[str, Any] | None = None,
 ) -> Cluster:
     """Start Ray on ``head`` and each of ``workers`` over SSH, or with Ray's own cluster
     launcher from the cluster YAML ``config``; then attach to it.
@@ -391,7 +398,7 @@ def up(
     restart
         With ``config``: run ``ray up`` even when the head already runs Ray, restarting
         Ray on every node (what runs there stops; this is said first).
-    identity, python, known_hosts, reconnect_for, keepalive
+    identity, python, known_hosts, reconnect_for, keepalive, runtime_env
         As for :func:`connect`.
     port
         The GCS port ``ray start --head`` is given (not with ``config``: the YAML's
@@ -414,7 +421,9 @@ def up(
             raise ValueError("give a head (and workers), or a cluster YAML as config=, not both")
         from ._launcher import launch
 
-        return launch(
+        return with_session_env(
+            runtime_env,
+            launch,
             config,
             connect,
             restart=restart,
@@ -441,6 +450,7 @@ def up(
             port=port,
             reconnect_for=reconnect_for,
             keepalive=keepalive,
+            runtime_env=runtime_env,
             _started=started,
         )
     except BaseException:

@@ -167,8 +167,13 @@ _PIP_NAMES = {
     "yaml": "pyyaml",
     "cv2": "opencv-python",
     "PIL": "pillow",
-    "gymnasium": "gymnasium (RLlib: pip install 'ray[rllib]')",
-    "ale_py": "ale-py (Atari environments: pip install 'gymnasium[atari]')",
+    "gymnasium": "gymnasium",
+    "ale_py": "ale-py",
+}
+#: What to say besides, for some of them.
+_PIP_NOTES = {
+    "gymnasium": " (for RLlib: pip install 'ray[rllib]')",
+    "ale_py": " (Atari environments: pip install 'gymnasium[atari]')",
 }
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 _GYM_NOT_FOUND = ("NamespaceNotFound", "NameNotFound", "DependencyNotInstalled")
@@ -181,7 +186,7 @@ def missing_package(failure: RemoteFailure, where: str) -> str:
 
     >>> f = RemoteFailure("ModuleNotFoundError", "builtins", "No module named 'sklearn.svm'", [], None)
     >>> print(missing_package(f, "task"))  # doctest: +ELLIPSIS
-    `sklearn` is not installed on the cluster (the task could not import it): ... (pip install scikit-learn)
+    `sklearn` is not installed on the cluster (the task could not import it): run the cell with --pip scikit-learn ...
     """
     if failure.type_name == "ModuleNotFoundError":
         match = _MISSING_MODULE.search(failure.message)
@@ -189,7 +194,15 @@ def missing_package(failure: RemoteFailure, where: str) -> str:
             top = match.group(1).split(".")[0]
             place = f" (the {where} could not import it)" if where else ""
             pip = _PIP_NAMES.get(top, top)
-            return f"`{top}` is not installed on the cluster{place}: install it in its Python (pip install {pip})"
+            if where == "driver":  # the agent's own Python: Ray's runtime_env does not reach it
+                how = f"install it in the head's Python (pip install {pip})"
+            else:
+                how = (
+                    f"run the cell with --pip {pip} (`%%remote --pip {pip}`; Ray installs it on the nodes that run "
+                    f"the cell), give it to every cell with jc.current().set_runtime_env({{'pip': [{pip!r}]}}), "
+                    f"or install it in the cluster's Python (pip install {pip})"
+                )
+            return f"`{top}` is not installed on the cluster{place}: {how}{_PIP_NOTES.get(top, '')}"
     if failure.type_name in _GYM_NOT_FOUND and failure.module.startswith("gymnasium"):
         return f"the environment is not registered on the cluster: its package is missing or not imported {_GYM_HOW}"
     return ""

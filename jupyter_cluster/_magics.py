@@ -23,7 +23,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from . import _cluster
+from . import _cluster, _environment
 from ._cell import CellResult, RemoteCell
 from ._errors import CellInterrupted, CellSourceError, ClusterError, RemoteError, plain
 from ._handles import parse_size
@@ -152,6 +152,36 @@ class _CellArea:
         self.update(now=True)
 
 
+def preparing_text(data: dict[str, Any]) -> str:
+    """A cell's status while Ray prepares its runtime_env: what, for how long, and Ray's last line of it."""
+    line = f": {data['line']}" if data.get("line") else ""
+    return f"preparing the environment ({data['what']}), {data['elapsed']:.0f} s{line}"
+
+
+class _PreparingLine:
+    """A foreground cell's status line while Ray prepares its runtime_env, redrawn in place."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.text = ""
+        self.handle: Any = None
+
+    def __repr__(self) -> str:
+        return f"[{self.label} on the cluster: {self.text}]"
+
+    def show(self, data: dict[str, Any]) -> None:
+        self.text = preparing_text(data)
+        if self.handle is None:
+            self.handle = _display(self, display_id=True)
+        else:
+            self.handle.update(self)
+
+    def ready(self, elapsed: float) -> None:
+        if self.handle is not None and not self.text.startswith("environment ready"):
+            self.text = f"environment ready after {elapsed:.0f} s; running"
+            self.handle.update(self)
+
+
 def _cluster_parser() -> argparse.ArgumentParser:
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> Any:
@@ -173,6 +203,12 @@ def _cluster_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--restart", action="store_true", help="with --config: `ray up` even if Ray runs there (stops what runs)"
     )
+    for sub in (local, connect, up):
+        sub.add_argument(
+            "--runtime-env",
+            metavar="JSON",
+            help="Ray's runtime_env for this session's cells, e.g. '{\"pip\": [\"pyjokes\"]}'",
+        )
     for sub in (connect, up):
         sub.add_argument("--identity", help="private key file")
         sub.add_argument("--python", help="the head's Python (default: python3)")
@@ -194,6 +230,11 @@ def _cluster_parser() -> argparse.ArgumentParser:
         metavar="URL|off",
         help="read the figures from this Prometheus server (its URL on the head), or scrape the nodes (off)",
     )
+    sync = commands.add_parser("sync", help="send a folder (default: the notebook's) to run later cells in")
+    sync.add_argument("path", nargs="?", help="the folder (default: the notebook's)")
+    sync.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="leave these out (repeatable)")
+    sync.add_argument("--max-size", default="100MiB", help="refuse a folder larger than this (default 100MiB)")
+    sync.add_argument("--off", action="store_true", help="stop running cells in the synced folder")
     commands.add_parser("down", help="stop what `local` or `up` started")
     forward = commands.add_parser("forward", help="reach a port of the head from here (Serve, TensorBoard)")
     forward.add_argument("port", help="the port on the head's loopback")
@@ -216,7 +257,8 @@ class ClusterMagics(Magics):
                 store = parse_size(args.object_store) if args.object_store else None
             except ValueError as exc:
                 raise UsageError(f"%cluster local --object-store: {exc}") from None
-            cluster = _cluster.local(cpus=args.cpus, gpus=args.gpus, object_store=store)
+            env = self._runtime_env(args)
+            cluster = _cluster.local(cpus=args.cpus, gpus=args.gpus, object_store=store, runtime_env=env)
             if existing is cluster:
                 print(f"Already attached: {cluster!r}. `%cluster down` first to start another.")
             else:
@@ -259,8 +301,20 @@ class ClusterMagics(Magics):
             print(message)
         elif args.command == "forward":
             self._forward(args)
+        elif args.command == "sync" and args.off:
+            stopped = self._attached().unsync()
+            print(
+                "Later cells run in Ray's default working directory"
+                + (" (the synced copy was removed)." if stopped else "; no folder was synced.")
+            )
+        elif args.command == "sync":
+            try:
+                result = self._attached().sync(args.path, args.exclude, args.max_size)
+            except ValueError as exc:
+                raise UsageError(f"%cluster sync: {exc}") from None
+            print(repr(result)[1:-1])
         else:
-            commands = "local, connect, up, disconnect, status, logs, dashboard, forward or down"
+            commands = "local, connect, up, disconnect, status, logs, dashboard, forward, sync or down"
             raise UsageError(f"%cluster needs a command: {commands}\n{_cluster_parser().format_usage()}")
 
     def _forward(self, args: argparse.Namespace) -> None:
@@ -281,6 +335,7 @@ class ClusterMagics(Magics):
         from ._connect import connect, up
 
         options: dict[str, Any] = {"identity": args.identity, "python": args.python, "known_hosts": args.known_hosts}
+        options["runtime_env"] = self._runtime_env(args)
         for name in ("keepalive", "reconnect_for"):
             if getattr(args, name) is not None:
                 options[name] = getattr(args, name)
@@ -350,6 +405,15 @@ class ClusterMagics(Magics):
             print(f"{len(cluster.missed)} request(s) finished while detached; bound {names}.")
 
     @staticmethod
+    def _runtime_env(args: argparse.Namespace) -> dict[str, Any] | None:
+        if args.runtime_env is None:
+            return None
+        try:
+            return _environment.parse_json(args.runtime_env)
+        except ValueError as exc:
+            raise UsageError(f"%cluster {args.command}: {exc}") from None
+
+    @staticmethod
     def _attached() -> _cluster.Cluster:
         cluster = _cluster.current()
         if cluster is None:
@@ -369,6 +433,9 @@ class ClusterMagics(Magics):
     @argument("--async", dest="run_async", action="store_true", help="return at once; outputs become pending handles")
     @argument("--out", type=str, help="comma-separated names to bring back")
     @argument("--no-out", action="store_true", help="bring nothing back")
+    @argument("--pip", type=str, help="packages Ray installs for this cell, e.g. pyjokes,requests==2.31.0")
+    @argument("--env", action="append", metavar="KEY=VAL", help="an environment variable for this cell (repeatable)")
+    @argument("--runtime-env", type=str, metavar="JSON", help="Ray's runtime_env for this cell, as JSON")
     @argument("--retries", type=int, help="Ray task retries")
     @argument("--timeout", type=float, help="cancel the cell after this many seconds")
     @cell_magic
@@ -405,6 +472,10 @@ class ClusterMagics(Magics):
                 resources = json.loads(_unquote(args.resources))
             except ValueError as exc:
                 raise UsageError(f"--resources is not JSON ({exc}); write e.g. '{{\"accelerator\": 1}}'") from None
+        try:
+            runtime_env = _environment.build(args.pip, args.env, args.runtime_env)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         shell = self.shell
         assert shell is not None
         ns = shell.user_ns
@@ -435,6 +506,7 @@ class ClusterMagics(Magics):
                 resources=resources,
                 retries=args.retries,
                 timeout=args.timeout,
+                runtime_env=runtime_env,
                 pending_handles=args.run_async,
                 label=f"Cell In[{_cell_number(shell)}]",
             )
@@ -454,14 +526,20 @@ class ClusterMagics(Magics):
 
         bar = ProgressBar(cell.progress[1], f"{cell.label} --map") if cell.mode == "map" else None
         bars = RemoteBars()
+        preparing = _PreparingLine(cell.label)
         try:
             for event, data in cell.events():
                 if event == "stream":
                     _write(data, bars)
+                elif event == "preparing":
+                    preparing.show(data)
                 elif event == "link":
                     print(_link_message(data), file=sys.stderr, flush=True)
-                elif event in ("progress", "running") and bar is not None:
-                    bar.update(done=cell.progress[0], running=cell.running_items)
+                elif event in ("progress", "running"):
+                    if event == "running" and cell.preparing is not None:
+                        preparing.ready(cell.preparing["elapsed"])
+                    if bar is not None:
+                        bar.update(done=cell.progress[0], running=cell.running_items)
         except KeyboardInterrupt:
             if bar is not None:
                 bar.finish("cancelled", "interrupted")
@@ -543,6 +621,8 @@ class ClusterMagics(Magics):
                 area.bar.update(done=cell.progress[0], running=cell.running_items)
             elif event == "running":
                 area.state = _running(cell)
+            elif event == "preparing":
+                area.state = preparing_text(data)
             elif event == "link":
                 area.state = _link_message(data) if data["state"] == "lost" else _running(cell)
             elif cell.done():

@@ -354,6 +354,7 @@ def _start(
     build: Any,
     metric: str | None = None,
     mode: str | None = None,
+    runtime_env: dict[str, Any] | None = None,
 ) -> Run:
     cell = cluster.run_cell(
         source,
@@ -364,6 +365,7 @@ def _start(
         out=["_jc_summary"],
         label=label,
         ephemeral=True,
+        runtime_env=runtime_env,
     )
     run = Run(kind, cell, view, build)
     run.metric, run.mode = metric, mode
@@ -428,6 +430,7 @@ def train_torch(
     loss_creator: Any = None,
     scheduler_creator: Callable[..., Any] | None = None,
     epochs: int | None = None,
+    runtime_env: dict[str, Any] | None = None,
     cluster: Cluster | None = None,
 ) -> Any:
     """Run ``train_func`` with Ray Train's ``TorchTrainer`` on ``num_workers`` workers.
@@ -440,6 +443,9 @@ def train_torch(
     The creator-style API of the older ``TorchTrainer`` works too: pass
     ``model_creator``, ``data_creator``, ``optimizer_creator``, ``loss_creator`` (and
     ``scheduler_creator``), ``config`` and ``epochs`` instead of ``train_func``.
+
+    ``runtime_env`` is Ray's, for the run and every worker it starts (``{"pip": [...]}``), over
+    the session's.
 
     >>> result = jc.train_torch(train_func, num_workers=2, config={"lr": 0.01})  # doctest: +SKIP
     >>> result.metrics.tail()                                                    # doctest: +SKIP
@@ -521,7 +527,7 @@ def train_torch(
     fn_name = getattr(train_func, "__name__", "creators") if train_func is not None else "creators"
     label = f"jc.train_torch({fn_name})"
     view = _view(progress, lambda: _views.views.training(label, num_workers))
-    run = _start(cluster, "train", source, namespace, label, view, _train_result)
+    run = _start(cluster, "train", source, namespace, label, view, _train_result, runtime_env=runtime_env)
     return run.wait() if block else run
 
 
@@ -580,6 +586,7 @@ def tune(
     storage_path: str | None = None,
     block: bool = True,
     progress: bool | None = None,
+    runtime_env: dict[str, Any] | None = None,
     cluster: Cluster | None = None,
 ) -> Any:
     """A Ray Tune sweep of ``trainable`` over ``param_space``, live in the notebook.
@@ -593,7 +600,7 @@ def tune(
     (options in ``search_options``) or a Ray Tune searcher. ``reuse_actors`` is Ray Tune's
     (a trial's process goes on to the next trial); unset, it is on for a population-based
     scheduler, whose trials pause and resume in turns when there are more than CPUs for them,
-    and off otherwise, as in Ray. A table of trials and their
+    and off otherwise, as in Ray. ``runtime_env`` is Ray's, for the sweep and its trials. A table of trials and their
     curves update below the cell. Returns a :class:`TuneResult`, or with
     ``block=False`` a :class:`Run` at once.
 
@@ -659,6 +666,7 @@ def tune(
         _tune_result,
         metric,
         mode,
+        runtime_env=runtime_env,
     )
     return run.wait() if block else run
 

@@ -96,6 +96,7 @@ def test_a_package_missing_on_the_cluster_is_named_with_how_to_install_it(cluste
         cluster.run_cell("import sklearn_not_here.svm", mode="task").result(60)
     assert "`sklearn_not_here` is not installed on the cluster (the task could not import it)" in str(info.value)
     assert "pip install sklearn_not_here" in str(info.value)
+    assert "run the cell with --pip sklearn_not_here" in str(info.value), "the exact --pip option"
     with pytest.raises(jc.RemoteError) as info:
         cluster.run_cell("import gymnasium as gym\nenv = gym.make('ALE/Pong-v5')", mode="driver").result(60)
     assert type(info.value).__name__ == "NamespaceNotFound" and "Namespace ALE not found" in str(info.value)

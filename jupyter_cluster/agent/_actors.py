@@ -19,7 +19,9 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ._environment import describe
 from ._interrupt import interrupt_process
+from ._objects import CellRequestError
 from ._remote import CellNamespace, interrupt_actor_cell
 from ._resources import ray_options
 from ._running import CANCEL_GRACE, CellHost, RunningCell
@@ -38,6 +40,7 @@ class ActorRecord:
     handle: Any
     where: Any  # ObjectRef of CellNamespace.where()
     names: list[str] = field(default_factory=list)
+    env: dict[str, Any] | None = None  # the runtime_env it was made with
 
 
 class ActorCells:
@@ -52,9 +55,16 @@ class ActorCells:
 
     def actor(self, name: str, options: dict[str, Any]) -> ActorRecord:
         record = self.actors.get(name)
+        env = options.get("runtime_env")
+        if record is not None and env and env != record.env:
+            raise CellRequestError(
+                f"actor `{name}` runs in the environment it was made with, and this cell asks for another "
+                f"({describe(env)}); `jc.current().kill_actor({name!r})` ends it (and its namespace), and the next "
+                f"`--actor {name}` cell makes it anew in the environment it asks for"
+            )
         if record is None:
             self.runner.cluster.check_feasible(options)
-            if options.get("ephemeral") and self._spare is not None:
+            if options.get("ephemeral") and self._spare is not None and not env:
                 record, self._spare = self._spare, None  # started and warmed up while the last run ended
             else:
                 record = self._new_actor(name, options)
@@ -71,12 +81,12 @@ class ActorCells:
         handle = CellNamespace.options(  # type: ignore[attr-defined]
             name=f"cell-namespace:{name}", get_if_exists=True, **ray_options(options), **extra
         ).remote(name)
-        return ActorRecord(handle, handle.where.remote())
+        return ActorRecord(handle, handle.where.remote(), env=options.get("runtime_env"))
 
     def start_spare(self, options: dict[str, Any]) -> None:
         """Start the next run's actor now, with Ray Train and Ray Tune imported: a run then
         starts without a process to spawn and seconds of imports (only once a run was made)."""
-        if self._spare is None:
+        if self._spare is None and not options.get("runtime_env"):
             self._spare = self._new_actor(f"run-spare-{time.monotonic_ns()}", options)
             self._spare.handle.warm.remote(RUN_MODULES)
 

@@ -24,6 +24,7 @@ import ray
 
 from ._actors import ActorCells
 from ._driver import DriverCells
+from ._environment import Environments, is_setup_error, needs_setup, setup_failure, show_preparing
 from ._execute import CellOutcome, CellSpec, Pickled, RemoteFailure, failed_outputs, unwrap
 from ._interrupt import MainThreadCells
 from ._logs import WorkerLines
@@ -117,6 +118,9 @@ class CellRunner:
         self._remotes: dict[Any, Any] = {}
         #: Routes the workers' lines to the cells that started the work (set by the agent; see ._logs).
         self.lines: WorkerLines | None = None
+        #: Each session's runtime_env (set by the agent; see ._environment), and its synced folder (._sync).
+        self.envs = Environments()
+        self.synced: Any = None
         self.actor_cells = ActorCells(self)
         self.driver_cells = DriverCells(self)
         self.modes: dict[str, Mode] = {
@@ -244,6 +248,10 @@ class CellRunner:
         cell = RunningCell(spec.cell_id, mode, emit, spec, options)
         cell.streams = self.output.open(spec.cell_id, emit)
         self.running[spec.cell_id] = cell
+        preparing = None
+        if needs_setup(options.get("runtime_env")):  # Ray installs it first: the notebook sees that happen
+            spec.announce = True
+            preparing = asyncio.ensure_future(show_preparing(cell, options["runtime_env"]))
         # Registered before anything is awaited: a cell sent right after this one may read them.
         outputs = [f"{spec.cell_id}/{name}" for name in spec.outputs]
         for handle_id in outputs:
@@ -275,6 +283,8 @@ class CellRunner:
         finally:
             if timer is not None:
                 timer.cancel()
+            if preparing is not None:
+                preparing.cancel()
             if options.get("ephemeral") and cell.actor:
                 self.actor_cells.end_run(cell)
             self.running.pop(spec.cell_id, None)
@@ -331,6 +341,10 @@ class CellRunner:
     def lost(self, cell: RunningCell, exc: BaseException, what: str) -> RemoteFailure:
         """A cell whose worker, actor or node went away, said in one line."""
         log.warning("cell %s: %s", cell.cell_id, exc)
+        if is_setup_error(exc):  # it never ran: Ray could not install what it asked for
+            if cell.actor:
+                self.actor_cells.lost(cell.actor)
+            return setup_failure(exc, cell.options.get("runtime_env"))
         if isinstance(exc, ray.exceptions.RayActorError):
             name = cell.actor
             how = self.actor_cells.lost(name)

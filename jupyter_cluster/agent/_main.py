@@ -205,7 +205,26 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
     table = runner.table
 
     async def run_cell(body: dict[str, Any], session: Any, emit: Any) -> None:
+        await runner.synced.keep(session.name)
+        runner.envs.apply(session.name, body.setdefault("options", {}), body.get("mode", "task"))
         await runner.run_cell(body, emit)
+
+    async def sync_plan(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.synced.plan(session.name, body["name"], body["manifest"]), final=True)
+
+    async def sync_put(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.synced.put(session.name, body["files"]), final=True)
+
+    async def sync_off(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.synced.off(session.name), final=True)
+
+    async def sync_commit(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await runner.synced.commit(session.name, body["manifest"]), final=True)
+
+    async def runtime_env(body: dict[str, Any], session: Any, emit: Any) -> None:
+        if "env" in body:
+            runner.envs.set(session.name, body["env"])
+        emit("done", runner.envs.of(session.name), final=True)
 
     async def cancel(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", runner.cancel(body["cell_id"]), final=True)
@@ -234,6 +253,8 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         emit("done", ready, final=True)
 
     async def submit(body: dict[str, Any], session: Any, emit: Any) -> None:
+        await runner.synced.keep(session.name)
+        runner.envs.apply(session.name, body.setdefault("options", {}), "task")
         emit("done", await runner.submit(body), final=True)
 
     async def describe(body: dict[str, Any], session: Any, emit: Any) -> None:
@@ -306,9 +327,14 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         "release": release,
         "reset_driver": reset_driver,
         "run_cell": run_cell,
+        "runtime_env": runtime_env,
         "shutdown": shutdown,
         "status": status,
         "submit": submit,
+        "sync_commit": sync_commit,
+        "sync_off": sync_off,
+        "sync_plan": sync_plan,
+        "sync_put": sync_put,
         "unwatch_metrics": unwatch_metrics,
         "wait": wait,
         "watch_metrics": watch_metrics,
@@ -348,6 +374,11 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     loop = asyncio.get_running_loop()
     runner = CellRunner(loop, driver)
     from . import _logs, _progress
+    from ._environment import Environments
+    from ._sync import SyncedFolders
+
+    runner.envs = Environments([os.path.join(args.ship, "jupyter_cluster")] if args.ship else [])
+    runner.synced = SyncedFolders(os.path.join(os.path.dirname(os.path.abspath(args.socket)), "synced"), runner.envs)
 
     _progress.install(loop, runner.driver_cell_emit)
     runner.lines = _logs.install(loop, runner.cell_emit)

@@ -44,6 +44,8 @@ class CellStreams:
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     #: Placement groups a run's processes made (by id), to remove should the run be killed.
     placement_groups: list[str] = field(default_factory=list)
+    #: Whether the cell (or a chunk of it) has started running on a worker.
+    running: bool = False
 
     def deliver(self, stream: int, index: int, batch: Batch) -> None:
         if index < 0:  # not output: a marker (the cell, or a chunk of it, started running; an event)
@@ -53,6 +55,7 @@ class CellStreams:
                 elif kind == PLACEMENT_GROUP:
                     self.placement_groups.append(data)
                 else:
+                    self.running = self.running or kind == "running"
                     self.emit(kind, data)
             return
         self.early[stream, index] = batch

@@ -40,6 +40,8 @@ def ray_options(options: dict[str, Any]) -> dict[str, Any]:
         out["memory"] = options["memory"]
     if options.get("resources"):
         out["resources"] = dict(options["resources"])
+    if options.get("runtime_env"):
+        out["runtime_env"] = options["runtime_env"]
     return out
 
 
