@@ -681,7 +681,8 @@ class Cluster:
         >>> jc.sync()                            # doctest: +SKIP
         <synced /home/me/project (12 files, 1.2 MiB) to ...: sent 12 changed file(s), 1.2 MiB, in 0.4 s; ...>
         """
-        return _sync.sync(self, path, [exclude] if isinstance(exclude, str) else exclude, max_size, progress)
+        excluded = [exclude] if isinstance(exclude, str) else exclude
+        return _sync.sync(self, path, excluded, max_size, lambda count: _show_progress(progress, count))
 
     def unsync(self) -> bool:
         """Stop running cells in the synced folder (its copy on the head is removed); False if none was synced."""

@@ -25,7 +25,7 @@ def parse_pip(text: str) -> list[str]:
     >>> parse_pip("pyjokes, requests==2.31.0")
     ['pyjokes', 'requests==2.31.0']
     """
-    packages = [p.strip() for p in _split_requirements(text) if p.strip()]
+    packages = [p.strip() for p in _split_requirements(_unquote(text)) if p.strip()]
     if not packages:
         raise ValueError("--pip needs one or more packages, e.g. --pip pyjokes,requests==2.31.0")
     bad = [p for p in packages if not _REQUIREMENT.match(p) and "://" not in p]
@@ -63,6 +63,14 @@ def _split_requirements(text: str) -> list[str]:
     return merged
 
 
+def _unquote(text: str) -> str:
+    """IPython's magic arguments keep the quotes around a quoted option value."""
+    text = text.strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
 def parse_env(assignments: Iterable[str]) -> dict[str, str]:
     """``--env KEY=VAL`` (each given once) as Ray's ``env_vars``.
 
@@ -71,6 +79,7 @@ def parse_env(assignments: Iterable[str]) -> dict[str, str]:
     """
     env: dict[str, str] = {}
     for item in assignments:
+        item = _unquote(item)
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--env takes KEY=VALUE (e.g. --env OMP_NUM_THREADS=1), not {item!r}")
@@ -83,8 +92,7 @@ def parse_env(assignments: Iterable[str]) -> dict[str, str]:
 
 def parse_json(text: str, option: str = "--runtime-env") -> dict[str, Any]:
     """``--runtime-env JSON`` as a dict (the quotes a magic keeps around it removed)."""
-    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
-        text = text[1:-1]
+    text = _unquote(text)
     try:
         value = json.loads(text)
     except ValueError as exc:

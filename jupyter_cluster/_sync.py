@@ -15,15 +15,12 @@ import fnmatch
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._handles import format_size, parse_size
-
-if TYPE_CHECKING:
-    from ._cluster import Cluster
 
 #: What a sync sends at most unless told otherwise: Ray's working_dir is for code and data of a
 #: notebook's size (Ray itself refuses a package over its gRPC limit, 512 MiB).
@@ -84,6 +81,14 @@ class SyncResult:
         )
 
 
+class SyncOwner(Protocol):
+    """What a sync uses of the cluster (``_cluster.Cluster``): its requests, and the hashes it keeps."""
+
+    _sync_digests: Digests
+
+    def _call(self, op: str, body: dict[str, Any] | None = None, timeout: float | None = 60.0) -> Any: ...
+
+
 class SyncError(ValueError):
     """A folder that cannot be synced as it is: says why and what to do."""
 
@@ -103,7 +108,11 @@ class _Ignore:
             import pathspec
 
             with open(gitignore, encoding="utf-8", errors="replace") as f:
-                self.specs[rel] = pathspec.PathSpec.from_lines("gitwildmatch", f.readlines())
+                lines = f.readlines()
+            try:  # git's own rules (pathspec 0.12 and later); before, their first version
+                self.specs[rel] = pathspec.PathSpec.from_lines("gitignore", lines)
+            except LookupError:
+                self.specs[rel] = pathspec.PathSpec.from_lines("gitwildmatch", lines)
 
     def ignored(self, rel: str, is_dir: bool) -> bool:
         name = rel.rsplit("/", 1)[-1]
@@ -181,16 +190,16 @@ def _too_big(root: Path, entries: list[Entry], total: int, limit: int) -> SyncEr
 
 
 def sync(
-    cluster: Cluster,
+    cluster: SyncOwner,
     path: str | os.PathLike[str] | None = None,
     exclude: Iterable[str] = (),
     max_size: int | str = DEFAULT_MAX_SIZE,
-    progress: bool | None = None,
+    show_progress: Callable[[int], bool] = lambda count: False,
 ) -> SyncResult:
     """Send ``path`` (default: the notebook's folder, the kernel's working directory) to the
-    head; later cells of the session run in it on every node (Ray's ``working_dir``)."""
+    head; later cells of the session run in it on every node (Ray's ``working_dir``). ``show_progress(n)``
+    says whether sending ``n`` files gets a progress bar."""
     from . import _views
-    from ._cluster import _show_progress
 
     started = time.monotonic()
     root = Path(path if path is not None else os.getcwd()).expanduser().resolve()
@@ -205,13 +214,13 @@ def sync(
     total = sum(e.size for e in entries)
     if total > limit:
         raise _too_big(root, entries, total, limit)
-    digests: Digests = cluster._sync_digests
+    digests = cluster._sync_digests
     manifest = {e.rel: [e.size, digests.of(e)] for e in entries}
     plan = cluster._call("sync_plan", {"name": root.name or "root", "manifest": manifest})
     need = [e for e in entries if e.rel in set(plan["need"])]
     sent_bytes = sum(e.size for e in need)
     bar = None
-    if need and _show_progress(progress, len(need)):
+    if need and show_progress(len(need)):
         bar = _views.views.progress(max(1, (sent_bytes + 1023) // 1024), f"jc.sync({root.name})", "KiB")
     done = 0
     for batch in _batches(need):

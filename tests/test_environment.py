@@ -47,7 +47,7 @@ def test_pip_installs_a_package_for_the_cell_and_says_it_is_preparing(shell: Any
 
 def test_the_preparing_events_come_before_the_cell_runs(cluster: jc.Cluster) -> None:
     env = {"pip": [PACKAGE], "env_vars": {"JC_PREPARING": "1"}}  # a new environment: Ray prepares it anew
-    cell = cluster.run_cell(f"import {PACKAGE}\nok = 1", runtime_env=env)
+    cell = cluster.run_cell(f"import {PACKAGE}\nok = 1", runtime_env=env, out=["ok"])
     events: list[tuple[str, Any]] = []
     cell.subscribe(lambda event, data: events.append((event, data)))
     assert cell.result(300).outputs == {"ok": 1}
@@ -79,6 +79,11 @@ def test_env_and_runtime_env_options_reach_the_cell(shell: Any) -> None:
     assert (shell.user_ns["mode"], shell.user_ns["level"], shell.user_ns["session"]) == ("fast", "3", None)
 
 
+def _getenv(name: str) -> str | None:
+
+    return os.environ.get(name)
+
+
 def test_the_sessions_environment_reaches_every_mode_and_calls(shell: Any, cluster: jc.Cluster) -> None:
     try:
         assert cluster.set_runtime_env({"env_vars": {"JC_SESSION": "on"}})["env_vars"] == {"JC_SESSION": "on"}
@@ -89,10 +94,9 @@ def test_the_sessions_environment_reaches_every_mode_and_calls(shell: Any, clust
         assert remote(shell, source, "--map i in range(3)").success
         assert shell.user_ns["seen"] == ["on"] * 3
         assert remote(shell, source, "--actor envs").success and remote(shell, "seen", "--actor envs").success
-        seen = jc.get(jc.submit(os.environ.get, "JC_SESSION"))
-        assert seen == "on"
-        assert jc.get(jc.submit(os.environ.get, "CALL", runtime_env={"env_vars": {"CALL": "c"}})) == "c"
-        assert [jc.get(h) for h in jc.map(os.environ.get, ["JC_SESSION"], progress=False)] == ["on"]
+        assert jc.get(jc.submit(_getenv, "JC_SESSION")) == "on"
+        assert jc.get(jc.submit(_getenv, "CALL", runtime_env={"env_vars": {"CALL": "c"}})) == "c"
+        assert [jc.get(h) for h in jc.map(_getenv, ["JC_SESSION"], progress=False)] == ["on"]
     finally:
         cluster.set_runtime_env(None)
         jc.current().kill_actor("envs")
@@ -160,14 +164,14 @@ def test_pip_lists_split_on_commas_between_requirements() -> None:
     assert _environment.parse_pip("a, b[x,y]>=1,<2 ,c==3") == ["a", "b[x,y]>=1,<2", "c==3"]
 
 
-def test_the_agent_merges_a_cell_over_its_session() -> None:
+def test_the_agent_merges_a_cell_over_its_session(tmp_path: Any) -> None:
     envs = agent_env.Environments(job_modules=["/ship/jupyter_cluster"])
     envs.sessions["s"] = {"pip": ["a"], "env_vars": {"X": "1"}, "working_dir": "gcs://_ray_pkg_1.zip"}
-    merged = envs.for_cell("s", {"pip": ["b"], "env_vars": {"Y": "2"}, "py_modules": ["/m"]})
+    merged = envs.for_cell("s", {"pip": ["b", "a"], "env_vars": {"Y": "2"}, "py_modules": [str(tmp_path)]})
     assert merged == {
         "pip": ["a", "b"],
         "env_vars": {"X": "1", "Y": "2"},
         "working_dir": "gcs://_ray_pkg_1.zip",
-        "py_modules": ["/ship/jupyter_cluster", "/m"],
-    }
+        "py_modules": ["/ship/jupyter_cluster", str(tmp_path)],
+    }, "the session's packages kept, the agent's own modules never dropped"
     assert envs.for_cell("other", None) is None, "a session without one runs in the job's own"

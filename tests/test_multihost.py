@@ -50,6 +50,33 @@ def test_up_makes_a_two_node_cluster_and_down_stops_it(ssh_hosts: Any) -> None:
         assert not [c for c in commands if "ray" in c], commands
 
 
+def test_a_cell_on_the_worker_host_reads_a_file_that_is_only_beside_the_notebook(ssh_hosts: Any, tmp_path: Any) -> None:
+    """%cluster sync to a real second host: the CSV exists only beside the notebook (here), and a cell that
+    Ray runs on the worker host reads it from its working directory there."""
+    head, worker = ssh_hosts.head, ssh_hosts.worker
+    previous = jc.current()
+    folder = tmp_path / "notebook"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "train.csv").write_text("a,b\n1,2\n")
+    cluster = jc.up(f"root@{head.host}", [f"root@{worker.host}"], **_options(head))
+    try:
+        result = cluster.sync(folder)
+        assert result.sent_files == 1 and result.working_dir.startswith("gcs://")
+        source = (
+            "import os, ray\nnode = ray.util.get_node_ip_address()\n"
+            "rows = open('data/train.csv').read().splitlines()\ncwd = os.getcwd()"
+        )
+        on_worker = {f"node:{worker.host}": 0.01}
+        outputs = cluster.run_cell(source, resources=on_worker).result(300).outputs
+        assert outputs["node"] == worker.host, "it ran on the worker host"
+        assert outputs["rows"] == ["a,b", "1,2"]
+        assert not outputs["cwd"].startswith(str(folder)), "a copy Ray unpacked on that node"
+    finally:
+        cluster.down()
+        if previous is not None and previous.alive:
+            jc._cluster.attach(previous)
+
+
 def _cmdline(pid: str) -> str:
     with open(f"/proc/{pid}/cmdline") as f:
         return f.read().replace("\0", " ")

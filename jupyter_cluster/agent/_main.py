@@ -142,6 +142,11 @@ def init_ray(args: argparse.Namespace) -> None:
     from ray._private import worker
 
     worker.global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+    # The output relay takes seconds to start (a process of its own): it starts now, beside the workers'
+    # warm-up (a worker's push to it before it runs is held back; see _remote.announce).
+    from ._output import start_relay
+
+    start_relay()
     if args.local:
         wait_for_workers(int(ray.available_resources().get("CPU", 0)))
 
@@ -158,6 +163,9 @@ def _init_local(ray: Any, kwargs: dict[str, Any]) -> None:
     raylet. A start that timed out is tried once more, after what it left is killed (all this agent's children:
     nothing else is)."""
     os.environ.setdefault("RAY_agent_register_timeout_ms", "90000")
+    # A runtime_env whose install fails (a misspelt --pip package) is tried once, not three times: each try
+    # clones the Python environment anew (tens of seconds in a virtualenv), and pip has retried the network.
+    os.environ.setdefault("RUNTIME_ENV_RETRY_TIMES", "1")
     for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
         try:
             ray.init(**kwargs)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ._remote import OutputRelay
@@ -82,21 +83,33 @@ class CellStreams:
                 pass
 
 
+def relay_name() -> str:
+    return f"jupyter-cluster-relay-{os.getpid()}"
+
+
+def start_relay(node_id: str | None = None) -> Any:
+    """The agent's output relay, on its own node: made, or the one made already (see ``init_ray``)."""
+    node_id = node_id or ray.get_runtime_context().get_node_id()
+    return OutputRelay.options(  # type: ignore[attr-defined]
+        name=relay_name(),
+        get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote()
+
+
 class OutputPump:
     """Pulls output from the relay actor (restarted if it dies) and routes it by cell."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str) -> None:
         #: The relay's actor name: workers look it up by name (cheaper than passing the handle).
-        self.name = f"jupyter-cluster-relay-{os.getpid()}"
+        self.name = relay_name()
         self._node_id = node_id
         self.relay = self._start()
         self.cells: dict[str, CellStreams] = {}
         self._task = loop.create_task(self._pump())
 
     def _start(self) -> Any:
-        return OutputRelay.options(  # type: ignore[attr-defined]
-            name=self.name, scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False)
-        ).remote()
+        return start_relay(self._node_id)
 
     def open(self, cell_id: str, emit: Callable[..., None]) -> CellStreams:
         self.cells[cell_id] = streams = CellStreams(cell_id, emit)

@@ -104,11 +104,21 @@ def _relay_sink(spec: CellSpec, stream: int = 0) -> Any:
     return push
 
 
+#: How long a worker waits, at most, for the agent's relay to take a cell's "running" marker. Not waited for, a
+#: lone marker was seen to stay in the worker until its next push (an async cell without output was shown
+#: queued to its end); a relay still starting (seconds, just after the agent started) is not waited for longer.
+ANNOUNCE_WAIT = 2.0
+
+
 def announce(spec: CellSpec, stream: int = 0, items: int = 1) -> None:
     """Tell the notebook that the cell (or a ``--map`` chunk of ``items``) runs now, and where.
 
     A batch with index -1 on the relay: the agent routes it as a ``running`` event."""
-    _relay_sink(spec, stream)(-1, [("running", {"node": node_ip(), "items": items, "pid": os.getpid()})])
+    ref = _relay_sink(spec, stream)(-1, [("running", {"node": node_ip(), "items": items, "pid": os.getpid()})])
+    try:
+        ray.get(ref, timeout=ANNOUNCE_WAIT)
+    except ray.exceptions.GetTimeoutError:  # the relay is slow: the cell need not wait for it
+        pass
 
 
 def _returns(outcome: CellOutcome, values: list[Any]) -> Any:
@@ -261,6 +271,9 @@ class OutputRelay:
         # (per ``stream``: each chunk task of a --map cell numbers its own batches).
         self._batches.append((cell_id, stream, index, batch))
         self._event().set()
+
+    async def ready(self) -> bool:
+        return True
 
     async def pull(self) -> list[tuple[str, int, int, list[tuple[str, Any]]]]:
         await self._event().wait()
