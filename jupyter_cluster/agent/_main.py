@@ -126,6 +126,10 @@ def init_ray(args: argparse.Namespace) -> None:
         )
         if args.object_store_memory:
             kwargs["object_store_memory"] = args.object_store_memory
+        from ._sizing import memory_limit, shm_size, small_container
+
+        for note in small_container(kwargs, memory_limit(), shm_size()):  # a Binder-sized container, say
+            log.info("a small machine: %s", note)
     else:
         kwargs["address"] = args.address
         if os.environ.get("RAY_NODE_IP_ADDRESS"):  # set by `up` for hosts without a default route

@@ -1,0 +1,77 @@
+"""The embedded cluster in a small container (Binder: 2 GiB of memory, Docker's 64 MiB ``/dev/shm``).
+
+Ray sizes its object store at 30 % of the memory it sees and puts it in ``/dev/shm``. In a
+2 GiB container that is 600 MB of a budget the kernel, the agent, Ray's own processes and
+the workers share; and a 64 MiB ``/dev/shm`` is below Ray's 75 MiB minimum, so Ray falls
+back to ``/tmp`` with a warning. Below :data:`SMALL` of memory the embedded cluster takes
+:data:`STORE_SHARE` of it for the store (at least Ray's minimum), and puts the store in
+``/tmp`` at once when ``/dev/shm`` cannot hold it. An object store size given by the user
+(``%cluster local --object-store``) is kept as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+#: Memory at or below which the embedded cluster sizes itself for a small container.
+SMALL = 4 * 2**30
+#: The share of that memory the object store gets.
+STORE_SHARE = 0.15
+#: Ray's smallest object store (``ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES``).
+STORE_MINIMUM = 75 * 2**20
+#: What ``/dev/shm`` must hold beyond the store (Ray's own shared memory).
+SHM_MARGIN = 16 * 2**20
+
+_CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_limit(files: tuple[str, ...] = _CGROUP_FILES) -> int | None:
+    """The memory this process may use: its cgroup's limit (v2 or v1), else the machine's; None if unknown."""
+    limits = []
+    for path in files:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max", or v1's "no limit" (a huge number)
+            limits.append(int(text))
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        pass
+    return min(limits) if limits else None
+
+
+def shm_size(path: str = "/dev/shm") -> int | None:
+    try:
+        return shutil.disk_usage(path).total
+    except OSError:
+        return None
+
+
+def small_container(kwargs: dict[str, Any], memory: int | None, shm: int | None) -> list[str]:
+    """Size ``ray.init``'s ``kwargs`` (in place) for a container of ``memory`` bytes and a ``/dev/shm`` of
+    ``shm`` bytes; returns what it changed, in words (the agent logs it).
+
+    >>> kw = {}
+    >>> small_container(kw, 2 * 2**30, 64 * 2**20)
+    ['object store 307 MiB (15% of 2048 MiB)', 'object store in /tmp (/dev/shm holds 64 MiB)']
+    >>> kw
+    {'object_store_memory': 322122547, '_plasma_directory': '/tmp'}
+    """
+    notes = []
+    if memory is not None and memory <= SMALL and "object_store_memory" not in kwargs:
+        store = max(STORE_MINIMUM, int(memory * STORE_SHARE))
+        kwargs["object_store_memory"] = store
+        notes.append(f"object store {store >> 20} MiB ({STORE_SHARE:.0%} of {memory >> 20} MiB)")
+    given = kwargs.get("object_store_memory")
+    if given is not None and shm is not None and shm < given + SHM_MARGIN:
+        kwargs["_plasma_directory"] = "/tmp"
+        notes.append(f"object store in /tmp (/dev/shm holds {shm >> 20} MiB)")
+    return notes
+
+
+__all__ = ["memory_limit", "shm_size", "small_container"]
