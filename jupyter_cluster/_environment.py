@@ -161,37 +161,4 @@ def build(
     return check(result)
 
 
-def describe(runtime_env: Mapping[str, Any] | None) -> str:
-    """A short phrase for a status line: what Ray prepares for this environment.
-
-    >>> describe({"pip": ["pyjokes", "tabulate"], "env_vars": {"A": "1"}})
-    'pip install pyjokes tabulate'
-    """
-    if not runtime_env:
-        return ""
-    parts = []
-    pip = runtime_env.get("pip") or runtime_env.get("uv")
-    if isinstance(pip, Mapping):
-        pip = pip.get("packages")
-    if isinstance(pip, (list, tuple)):
-        parts.append("pip install " + " ".join(str(p) for p in pip))
-    elif isinstance(pip, str):
-        parts.append(f"pip install -r {pip}")
-    if runtime_env.get("conda"):
-        parts.append("a conda environment")
-    if runtime_env.get("working_dir"):
-        parts.append("the synced folder")
-    if runtime_env.get("py_modules"):
-        parts.append("py_modules")
-    return ", ".join(parts)
-
-
-#: The runtime_env fields whose setup takes time on a node (a download, an install).
-PREPARED = ("pip", "uv", "conda", "working_dir", "py_modules", "container", "image_uri", "py_executable")
-
-
-def needs_setup(runtime_env: Mapping[str, Any] | None) -> bool:
-    return bool(runtime_env) and any(runtime_env.get(k) for k in PREPARED)  # type: ignore[union-attr]
-
-
-__all__ = ["build", "check", "describe", "needs_setup", "parse_env", "parse_json", "parse_pip"]
+__all__ = ["build", "check", "parse_env", "parse_json", "parse_pip"]
