@@ -112,7 +112,15 @@ def test_an_actor_keeps_the_environment_it_was_made_in(shell: Any, cluster: jc.C
         assert "kill_actor('kept')" in str(res.error_in_exec)
         assert remote(shell, "import os\na = os.environ['A']", "--actor kept --out a").success
         assert shell.user_ns["a"] == "1"
+        # The session's environment changing later (a sync, say) does not lock the actor's cells out.
+        cluster.set_runtime_env({"env_vars": {"LATER": "1"}})
+        res = remote(
+            shell, "import os\na = os.environ['A']\nlater = os.environ.get('LATER')", "--actor kept --out a,later"
+        )
+        assert res.success, res.error_in_exec
+        assert (shell.user_ns["a"], shell.user_ns["later"]) == ("1", None), "it keeps the environment it was made in"
     finally:
+        cluster.set_runtime_env(None)
         cluster.kill_actor("kept")
 
 

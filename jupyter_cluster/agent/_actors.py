@@ -56,10 +56,10 @@ class ActorCells:
     def actor(self, name: str, options: dict[str, Any]) -> ActorRecord:
         record = self.actors.get(name)
         env = options.get("runtime_env")
-        if record is not None and env and env != record.env:
+        if record is not None and options.get("own_env") and env != record.env:
             raise CellRequestError(
                 f"actor `{name}` runs in the environment it was made with, and this cell asks for another "
-                f"({describe(env)}); `jc.current().kill_actor({name!r})` ends it (and its namespace), and the next "
+                f"({describe(env or {})}); `jc.current().kill_actor({name!r})` ends it (and its namespace), and the next "
                 f"`--actor {name}` cell makes it anew in the environment it asks for"
             )
         if record is None:

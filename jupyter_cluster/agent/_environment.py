@@ -136,6 +136,7 @@ class Environments:
                 )
             return
         env = self.for_cell(session, given)
+        options["own_env"] = bool(given)  # the cell asked for one itself (see ActorCells.actor)
         if env is None:
             options.pop("runtime_env", None)
         else:
