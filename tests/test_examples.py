@@ -40,6 +40,14 @@ EXPECTED: dict[str, list[str]] = {
         "dashboard: 1 node(s)",
         "Stopped the embedded cluster.",
     ],
+    "02-data-and-objects.ipynb": [
+        "<remote ndarray float64 (8000000,)",  # the handle of the array that stayed on the cluster
+        "over 8,000,000 samples",
+        "8 partial sums; together",
+        "product trace: 6000000.0",
+        "[0, 1, 4, 9, 16, 25, 36, 49, 64, 81, 100, 121]",
+        "Stopped the embedded cluster.",
+    ],
     "03-train-torch.ipynb": [
         "<TrainingView jc.train_torch(train_func): done>",  # the live widget, in its final state
         "(rank 0) epoch 1: loss",  # each worker's prints, with its rank
