@@ -160,9 +160,16 @@ def test_a_field_ray_does_not_know_is_refused_by_the_agent(shell: Any, cluster: 
     assert remote(shell, "y = 1").success
 
 
-def test_session_runtime_env_on_the_magic_is_checked(shell: Any) -> None:
+def test_session_runtime_env_on_the_magic(shell: Any, cluster: jc.Cluster) -> None:
     res = run(shell, "%cluster local --runtime-env '{oops'")
     assert isinstance(res.error_in_exec, UsageError) and "--runtime-env is not JSON" in str(res.error_in_exec)
+    try:
+        assert run(shell, '%cluster local --runtime-env \'{"env_vars": {"FROM_MAGIC": "yes"}}\'').success
+        assert jc.current() is cluster, "the attached cluster, its session's environment set"
+        assert remote(shell, "import os\nseen = os.environ.get('FROM_MAGIC')").success
+        assert shell.user_ns["seen"] == "yes"
+    finally:
+        cluster.set_runtime_env(None)
 
 
 # ------------------------------------------------------------------ the pieces alone

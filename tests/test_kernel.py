@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from .kernel import Kernel
+from .kernel import Kernel, result
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -98,3 +98,21 @@ def test_late_output_goes_to_its_own_cell(kernel: Kernel) -> None:
     )
     reply, messages = kernel.execute("late")
     assert any(m["msg_type"] == "execute_result" and m["content"]["data"]["text/plain"] == "1" for m in messages)
+
+
+def test_sync_shows_a_progress_bar_and_the_cells_run_in_the_folder(kernel: Kernel, tmp_path: Any) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"part{i}.txt").write_text(f"part {i}\n" * 20_000)
+    messages = kernel.ok(f"%cluster sync {folder}")
+    shown = [
+        m["content"]["data"].get("text/plain", "")
+        for m in [*messages, *kernel.updates]
+        if m["msg_type"] in ("display_data", "update_display_data")
+    ]
+    assert any("jc.sync(project)" in text and "KiB" in text for text in shown), shown
+    assert f"synced {folder} (3 files" in _text(messages)
+    messages = kernel.ok("%%remote\nparts = sorted(open(f'part{i}.txt').readline() for i in range(3))\nparts")
+    assert "part 2" in (result(messages) or "")
+    kernel.ok("%cluster sync --off")
