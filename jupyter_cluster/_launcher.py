@@ -35,7 +35,9 @@ Connect = Callable[..., "Cluster"]
 #: teardown loop says "2 nodes remaining" over again while nodes do not go), after which it is stopped and the
 #: nodes it could not stop are named.
 DOWN_TIMEOUT = 600.0
-DOWN_STALL = 30.0
+DOWN_STALL = 20.0
+#: How long naming the nodes a stopped ``ray down`` left may take (two Ray CLI starts, at once).
+NODES_LEFT_TIMEOUT = 12.0
 #: Seconds ``ray get-head-ip`` and ``ray get-worker-ips`` may take (``ray up`` runs until done or interrupted).
 HEAD_IP_TIMEOUT = 120.0
 #: The longest error message made from Ray's output.
@@ -308,8 +310,11 @@ def ray_up(config: LaunchConfig, ray: str) -> None:
         raise LauncherError(f"`ray up {config.path}` failed (exit status {run.code}):\n{trimmed(run.lines)}")
 
 
-def _ask(config: LaunchConfig, ray: str, command: str) -> subprocess.CompletedProcess[str]:
+def _ask(
+    config: LaunchConfig, ray: str, command: str, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``ray COMMAND`` on the YAML here (a question to the launcher, answered from its state or the cloud)."""
+    timeout = HEAD_IP_TIMEOUT if timeout is None else timeout
     try:
         return subprocess.run(
             [ray, command, config.path],
@@ -318,10 +323,10 @@ def _ask(config: LaunchConfig, ray: str, command: str) -> subprocess.CompletedPr
             errors="replace",
             env=launcher_env(config),
             cwd=config.cwd,
-            timeout=HEAD_IP_TIMEOUT,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        raise LauncherError(f"`ray {command} {config.path}` gave no answer in {HEAD_IP_TIMEOUT:.0f} s") from None
+        raise LauncherError(f"`ray {command} {config.path}` gave no answer in {timeout:.0f} s") from None
 
 
 def head_ip(config: LaunchConfig, ray: str) -> str:
@@ -341,8 +346,8 @@ def _nodes_left(config: LaunchConfig, ray: str) -> list[str]:
 
     def ask(command: str, kind: str) -> list[str]:
         try:
-            done = _ask(config, ray, command)
-        except LauncherError:
+            done = _ask(config, ray, command, NODES_LEFT_TIMEOUT)
+        except LauncherError:  # no answer soon: the message says "every node" instead
             return []
         if done.returncode != 0:
             return []

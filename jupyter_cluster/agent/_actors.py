@@ -59,8 +59,8 @@ class ActorCells:
         if record is not None and options.get("own_env") and env != record.env:
             raise CellRequestError(
                 f"actor `{name}` runs in the environment it was made with, and this cell asks for another "
-                f"({describe(env or {})}); `jc.current().kill_actor({name!r})` ends it (and its namespace), and the next "
-                f"`--actor {name}` cell makes it anew in the environment it asks for"
+                f"({describe(env or {})}); `jc.current().kill_actor({name!r})` ends it (and its namespace), and the "
+                f"next `--actor {name}` cell makes it anew in the environment it asks for"
             )
         if record is None:
             self.runner.cluster.check_feasible(options)
