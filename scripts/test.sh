@@ -97,8 +97,9 @@ echo "::: the layers: lint-imports"
 
 # With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
 # processes side by side, of about the same length on two cores: the example notebooks, the
-# link-loss tests (which mostly wait out outages of 45 s or more), the Train/Tune runs and the
-# browser tests in one, all the others in the other. Every test that lets the head find its Ray
+# link-loss tests (which mostly wait out outages of 45 s or more), the Train/Tune runs, the
+# browser tests and the runtime_env tests (whose pip installs clone the virtualenv) in one, all
+# the others in the other. Every test that lets the head find its Ray
 # (`--start-head`, `up`: a head started by this project is recorded in /tmp/jc-*, which any
 # head on this machine reads) runs in the main process, one at a time: with the two-host cluster
 # and the version checks beside, test_ssh's `--start-head` found their heads and attached to
@@ -128,7 +129,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py"
+    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_environment.py"
 )
 ignore=()
 pids=()
