@@ -217,7 +217,8 @@ def sync(
     digests = cluster._sync_digests
     manifest = {e.rel: [e.size, digests.of(e)] for e in entries}
     plan = cluster._call("sync_plan", {"name": root.name or "root", "manifest": manifest})
-    need = [e for e in entries if e.rel in set(plan["need"])]
+    needed = set(plan["need"])
+    need = [e for e in entries if e.rel in needed]
     sent_bytes = sum(e.size for e in need)
     bar = None
     if need and show_progress(len(need)):

@@ -272,9 +272,6 @@ class OutputRelay:
         self._batches.append((cell_id, stream, index, batch))
         self._event().set()
 
-    async def ready(self) -> bool:
-        return True
-
     async def pull(self) -> list[tuple[str, int, int, list[tuple[str, Any]]]]:
         await self._event().wait()
         self._event().clear()
