@@ -65,14 +65,19 @@ class SyncedFolders:
 
     async def plan(self, session: str, name: str, manifest: dict[str, list[Any]]) -> dict[str, Any]:
         """What of ``manifest`` the copy lacks; what it has that the manifest does not is removed."""
-        wanted = {safe_rel(rel): (int(size), str(digest)) for rel, (size, digest) in manifest.items()}
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".") or "folder"
         root = os.path.join(self.base, "".join(c if c.isalnum() or c in "-_" else "_" for c in session), safe)
         folder = self.folders.get(session)
         if folder is None or folder.root != root:
             folder = self.folders[session] = Folder(root)
         loop = asyncio.get_running_loop()
-        removed = await loop.run_in_executor(None, self._prune, folder, wanted)
+        return await loop.run_in_executor(None, self._plan, folder, manifest)
+
+    @classmethod
+    def _plan(cls, folder: Folder, manifest: dict[str, list[Any]]) -> dict[str, Any]:
+        """:meth:`plan`'s work, which grows with the folder's files: on a thread, off the agent's loop."""
+        wanted = {safe_rel(rel): (int(size), str(digest)) for rel, (size, digest) in manifest.items()}
+        removed = cls._prune(folder, wanted)
         need = [rel for rel, (_, digest) in wanted.items() if folder.digests.get(rel) != digest]
         return {"need": need, "removed": removed}
 
