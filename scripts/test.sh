@@ -20,8 +20,12 @@
 #      with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
 #      unit tests (jest, in labextension/), then the whole suite as two pytest processes side
 #      by side (the examples, the link-loss tests, which mostly wait out long outages, the
-#      Train/Tune runs and the browser tests beside the rest). Exits with the status of the first
-#      that failed; pytest's exit code 5 (no tests collected) is reported as a failure.
+#      Train/Tune runs, the browser tests and the embedded cluster's kernels beside the rest).
+#      Exits with the status of the first that failed; pytest's exit code 5 (no tests collected)
+#      is reported as a failure.
+#   The tests marked slow (a minute or more each on two cores, deeper repeats of paths the default
+#   run covers; see README, "Tests") run only with JUPYTER_CLUSTER_SLOW_TESTS=1 (or pytest's
+#   --runslow as a PYTEST ARG).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -98,8 +102,8 @@ echo "::: the layers: lint-imports"
 # With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
 # processes side by side, of about the same length on two cores: the example notebooks, the
 # link-loss tests (which mostly wait out outages of 45 s or more), the Train/Tune runs, the
-# browser tests and the runtime_env tests (whose pip installs clone the virtualenv) in one, all
-# the others in the other. Every test that lets the head find its Ray
+# browser tests, the runtime_env tests (whose pip installs clone the virtualenv) and the tests whose
+# kernels start embedded clusters of their own in one, all the others in the other. Every test that lets the head find its Ray
 # (`--start-head`, `up`: a head started by this project is recorded in /tmp/jc-*, which any
 # head on this machine reads) runs in the main process, one at a time: with the two-host cluster
 # and the version checks beside, test_ssh's `--start-head` found their heads and attached to
@@ -129,7 +133,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_environment.py"
+    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_environment.py tests/test_worker_output.py tests/test_widgets.py tests/test_sidebar.py"
 )
 ignore=()
 pids=()

@@ -50,6 +50,21 @@ def remote(ip: Any, body: str, options: str = "") -> Any:
 
 
 @pytest.fixture
+def without_ray() -> Iterator[None]:
+    """Ray's modules set aside for the test: another test of this process may have imported Ray itself (as a
+    notebook may, to pass Ray Tune objects to jc.tune), so that only what the test does is seen."""
+    import sys
+
+    saved = {k: m for k, m in sys.modules.items() if k == "ray" or k.startswith("ray.")}
+    for name in saved:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(saved)
+
+
+@pytest.fixture
 def sent_ops(cluster: jc.Cluster, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The ops of the requests this test sends to the agent (releases of earlier tests' handles aside)."""
     ops: list[str] = []
@@ -70,3 +85,26 @@ def tmp_marker(tmp_path: Any) -> str:
     path = tmp_path / "marker"
     os.chmod(tmp_path, 0o777)
     return str(path)
+
+
+# ---------------------------------------------------------------------------------------------- the slow tier
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--runslow",
+        action="store_true",
+        default=bool(os.environ.get("JUPYTER_CLUSTER_SLOW_TESTS")),
+        help="also run the tests marked slow (or set JUPYTER_CLUSTER_SLOW_TESTS=1)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run with ``--runslow`` only (dask's convention): each is a minute or more on two cores
+    and repeats, at greater depth, a path a quicker test of the default run covers (see README, "Tests")."""
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow (or JUPYTER_CLUSTER_SLOW_TESTS=1 bash scripts/test.sh)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -125,25 +125,22 @@ def _ensure_default_token() -> None:
 
 def test_a_head_started_by_hand_with_token_auth(hand_started: Any, sshd_server: SSHServer) -> None:
     """Ray turns token authentication on because ~/.ray/auth_token exists; the agent finds that cluster (Ray wrote
-    it to /tmp/ray/ray_current_cluster) and is let in with the token Ray's own tools use."""
+    it to /tmp/ray/ray_current_cluster) and is let in with the token Ray's own tools use. Beside that running
+    cluster, `%cluster local` starts a Ray of its own: plain ray.init() would have joined the running one."""
     _ensure_default_token()
     address = hand_started({})
     cluster = jc.connect(_target(sshd_server), **_options(sshd_server))
     assert _joined(cluster) == address
 
-
-def test_the_embedded_cluster_starts_its_own_ray_beside_a_running_one(hand_started: Any) -> None:
-    """A `ray start`ed cluster on the laptop must not capture `%cluster local` (plain ray.init() would join it)."""
-    address = hand_started({})
     agent = EmbeddedAgent(cpus=1)
     link = AgentLink(UnixTransport(agent.socket, agent.exit_reason), agent.secret)
     link.connect()
-    cluster = jc.Cluster(link, kind="embedded local", agent=agent)  # not attached: the session's stays current
+    embedded = jc.Cluster(link, kind="embedded local", agent=agent)  # not attached: the connected one stays current
     try:
-        mine = cluster.run_cell("a = ray.get_runtime_context().gcs_address", mode="driver").result(60).outputs["a"]
+        mine = embedded.run_cell("a = ray.get_runtime_context().gcs_address", mode="driver").result(60).outputs["a"]
         assert mine != address
     finally:
-        cluster.down()
+        embedded.down()
 
 
 def test_a_head_with_authentication_disabled(hand_started: Any, sshd_server: SSHServer) -> None:
@@ -152,6 +149,7 @@ def test_a_head_with_authentication_disabled(hand_started: Any, sshd_server: SSH
     assert _joined(cluster) == address
 
 
+@pytest.mark.slow
 def test_a_token_kept_elsewhere_is_refused_clearly_then_given(
     hand_started: Any, sshd_server: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,6 +188,7 @@ def test_a_bad_token_file_is_a_clear_error(sshd_server: SSHServer, tmp_path: Pat
         jc.connect(_target(sshd_server), ray_token_file=str(empty), **_options(sshd_server))
 
 
+@pytest.mark.slow
 def test_the_token_of_a_started_head_is_where_rays_tools_look(sshd_server: SSHServer) -> None:
     """--start-head keeps the cluster's token in ~/.ray/auth_token (0600): Ray's CLI and a second kernel get in."""
     previous = jc.current()

@@ -209,6 +209,7 @@ RUNS_CELLS = [
 ]
 
 
+@pytest.mark.slow
 def test_training_and_trial_widgets_in_jupyterlab(lab: Lab) -> None:
     """The trials and training widgets drawn in JupyterLab: their tables, headers and Bokeh canvases."""
     import nbformat

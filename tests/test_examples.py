@@ -127,7 +127,14 @@ def test_there_are_examples() -> None:
     assert any(p.name == "01-quickstart.ipynb" for p in NOTEBOOKS)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+#: The notebooks of the slow tier (--runslow): minutes each on two cores, of training and sweeps whose paths the
+#: default run covers through test_runs.py (jc.train_torch, jc.tune) and test_browser.py (their widgets).
+SLOW = {"03-train-torch", "04-tune-asha", "06-ddp-port"}
+
+
+@pytest.mark.parametrize(
+    "path", [pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if p.stem in SLOW else []) for p in NOTEBOOKS]
+)
 def test_example_runs(path: Path, python3_kernel: str, tmp_path: Path) -> None:
     import nbformat
     from nbclient import NotebookClient

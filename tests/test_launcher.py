@@ -294,6 +294,7 @@ serve.run(Broken.bind(), name="broken", route_prefix="/broken")
 """
 
 
+@pytest.mark.slow
 def test_serve_on_the_head_through_a_forward(launched: jc.Cluster) -> None:
     """Serve listens on the head's loopback (a namespace of its own: nothing here can reach
     it but through SSH); a forward reaches it; status lists the application and the

@@ -77,7 +77,7 @@ def test_descendants_are_read_whole_from_proc() -> None:
         outer.wait()
 
 
-@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy-1M-map"])
+@pytest.mark.parametrize("busy", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["idle", "busy-1M-map"])
 def test_an_embedded_agent_dies_with_its_kernel(busy: bool) -> None:
     """``kill -9`` of the kernel, idle or while a 1M-item ``--async --map`` runs: within 20 s no process of that
     agent is left: neither the agent nor anything of its Ray (GCS, raylet, dashboard and runtime-env agents,
@@ -109,6 +109,7 @@ def test_an_embedded_agent_dies_with_its_kernel(busy: bool) -> None:
         kernel.km.shutdown_kernel(now=True)
 
 
+@pytest.mark.slow
 def test_a_busy_agent_answers_sigterm() -> None:
     """SIGTERM to an agent whose event loop is busy (a 1M-item map being taken in): it is gone, with its Ray, within
     the reaper's grace (8 s) and a little, not when the loop is free again."""
@@ -130,6 +131,7 @@ def test_a_busy_agent_answers_sigterm() -> None:
         kernel.km.shutdown_kernel(now=True)
 
 
+@pytest.mark.slow
 def test_an_embedded_cluster_of_fewer_cpus_than_the_machine_has_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -151,7 +151,7 @@ def test_options_combine(shell: Any, options: str) -> None:
     assert shell.user_ns["b"] == 2
 
 
-def test_ray_objects_stay_on_the_cluster(shell: Any) -> None:
+def test_ray_objects_stay_on_the_cluster(shell: Any, without_ray: None) -> None:
     source = "@ray.remote\ndef twice(x):\n    return 2 * x\nrefs = [twice.remote(i) for i in range(3)]"
     assert remote(shell, source, "--driver").success
     assert isinstance(shell.user_ns["twice"], jc.ObjectHandle)

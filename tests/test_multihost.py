@@ -27,9 +27,15 @@ def _processes(marker: str) -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line and "<defunct>" not in line]
 
 
-def test_up_makes_a_two_node_cluster_and_down_stops_it(ssh_hosts: Any) -> None:
+def test_up_makes_a_two_node_cluster_and_down_stops_it(ssh_hosts: Any, tmp_path: Any) -> None:
+    """`up` of two hosts; a map runs on both; %cluster sync reaches the worker host (the CSV exists only beside
+    the notebook, here, and a cell Ray runs on the worker host reads it from its working directory there);
+    `down` stops every Ray process `up` started, on both hosts. (One `up` for all three: each takes a minute.)"""
     head, worker = ssh_hosts.head, ssh_hosts.worker
     previous = jc.current()
+    folder = tmp_path / "notebook"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "train.csv").write_text("a,b\n1,2\n")
     cluster = jc.up(f"root@{head.host}", [f"root@{worker.host}"], **_options(head))
     marker = "|".join(f"({p})" for p in cluster.started.patterns)
     try:
@@ -39,29 +45,9 @@ def test_up_makes_a_two_node_cluster_and_down_stops_it(ssh_hosts: Any) -> None:
         result = cluster.run_cell(source, mode="map", map_over=("i", range(8)), cpus=1).result(180)
         assert set(result.outputs["node"]) == {head.host, worker.host}, "the map ran on both nodes"
         assert _processes(marker)
-    finally:
-        cluster.down()
-        if previous is not None and previous.alive:
-            jc._cluster.attach(previous)
-    assert not _processes(marker), "down stops every Ray process up started, on both hosts"
-    for host in (head, worker):
-        pids = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True).stdout.split()
-        commands = [_cmdline(p) for p in pids if _exists(p)]
-        assert not [c for c in commands if "ray" in c], commands
 
-
-def test_a_cell_on_the_worker_host_reads_a_file_that_is_only_beside_the_notebook(ssh_hosts: Any, tmp_path: Any) -> None:
-    """%cluster sync to a real second host: the CSV exists only beside the notebook (here), and a cell that
-    Ray runs on the worker host reads it from its working directory there."""
-    head, worker = ssh_hosts.head, ssh_hosts.worker
-    previous = jc.current()
-    folder = tmp_path / "notebook"
-    (folder / "data").mkdir(parents=True)
-    (folder / "data" / "train.csv").write_text("a,b\n1,2\n")
-    cluster = jc.up(f"root@{head.host}", [f"root@{worker.host}"], **_options(head))
-    try:
-        result = cluster.sync(folder)
-        assert result.sent_files == 1 and result.working_dir.startswith("gcs://")
+        synced = cluster.sync(folder)
+        assert synced.sent_files == 1 and synced.working_dir.startswith("gcs://")
         source = (
             "import os, ray\nnode = ray.util.get_node_ip_address()\n"
             "rows = open('data/train.csv').read().splitlines()\ncwd = os.getcwd()"
@@ -75,6 +61,11 @@ def test_a_cell_on_the_worker_host_reads_a_file_that_is_only_beside_the_notebook
         cluster.down()
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
+    assert not _processes(marker), "down stops every Ray process up started, on both hosts"
+    for host in (head, worker):
+        pids = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True).stdout.split()
+        commands = [_cmdline(p) for p in pids if _exists(p)]
+        assert not [c for c in commands if "ray" in c], commands
 
 
 def _cmdline(pid: str) -> str:
@@ -95,6 +86,7 @@ def test_connect_to_a_head_without_ray_says_so(ssh_hosts: Any) -> None:
         jc.connect(f"root@{ssh_hosts.head.host}", **_options(ssh_hosts.head))
 
 
+@pytest.mark.slow
 def test_up_with_a_worker_that_cannot_reach_the_head(ssh_hosts: Any) -> None:
     head, worker = ssh_hosts.head, ssh_hosts.worker
     block = ["ip", "netns", "exec", worker.netns, "ip", "route", "add", "blackhole", f"{head.host}/32"]

@@ -235,8 +235,8 @@ def test_a_dashboard_through_prometheus(cluster: jc.Cluster, ray_prometheus: tup
         assert simulated == sorted(address(i) for i in range(SHOWN - 1))
         assert dash.feed.source["kind"] == "prometheus" and dash.feed.source["url"] == server.url, dash.feed.source
         assert "error" not in dash.feed.source, dash.feed.source
-        deadline = time.monotonic() + 10
-        while "from Prometheus" not in dash.header.value:
+        deadline = time.monotonic() + 10  # the header is redrawn on the dashboard's next tick after the feed's
+        while "from Prometheus" not in dash.header.value or f"{NODES + 1} nodes" not in dash.header.value:
             assert time.monotonic() < deadline, dash.header.value
             time.sleep(0.2)
         assert f"{NODES + 1} nodes ({SHOWN} drawn" in dash.header.value, dash.header.value

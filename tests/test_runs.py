@@ -273,6 +273,7 @@ def test_a_metric_no_trial_reports_is_a_clear_error(cluster: jc.Cluster) -> None
     assert_clean(cluster)
 
 
+@pytest.mark.slow
 def test_schedulers_and_search_algorithms(cluster: jc.Cluster) -> None:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler

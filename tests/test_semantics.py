@@ -358,18 +358,10 @@ def test_code_refused_but_data_shipped_across_python_versions() -> None:
         ledger.prepare(["f"], {"f": f})
 
 
-def test_the_kernel_never_imports_ray(shell: Any) -> None:
-    # Another test of this process may have imported Ray itself (as a notebook may, to pass
-    # Ray Tune objects to jc.tune): set it aside, so that only this cell's doing is seen.
-    saved = {k: m for k, m in sys.modules.items() if k == "ray" or k.startswith("ray.")}
-    for name in saved:
-        del sys.modules[name]
-    try:
-        assert remote(shell, "import ray\nn = len(ray.nodes())").success
-        assert shell.user_ns["n"] == 1
-        assert "ray" not in sys.modules
-    finally:
-        sys.modules.update(saved)
+def test_the_kernel_never_imports_ray(shell: Any, without_ray: None) -> None:
+    assert remote(shell, "import ray\nn = len(ray.nodes())").success
+    assert shell.user_ns["n"] == 1
+    assert "ray" not in sys.modules
 
 
 def test_annotations_in_a_cell_are_objects_as_in_the_notebook(cluster: jc.Cluster) -> None:

@@ -107,16 +107,21 @@ def test_the_messages_say_what_works_and_how_to_fix() -> None:
     assert note is not None and "2.50.0" in note and "2.60.0" in note and "Cells work" in note
 
 
-def test_the_magic_says_so_at_connect(sshd_server: SSHServer, shell: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_magic_says_so_at_connect(
+    other_head: jc.Cluster, sshd_server: SSHServer, shell: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second notebook's agent on the module's head (the other Python's Ray, already started)."""
+    assert other_head.started is not None
     previous = jc.current()
     run(
         shell,
-        f"%cluster connect {sshd_server.user}@{sshd_server.host}:{sshd_server.port} --start-head "
-        f"--python {_head_python()} --identity {sshd_server.identity} --known-hosts {sshd_server.known_hosts}",
+        f"%cluster connect {sshd_server.user}@{sshd_server.host}:{sshd_server.port} "
+        f"--address {other_head.started.address} --python {_head_python()} "
+        f"--identity {sshd_server.identity} --known-hosts {sshd_server.known_hosts}",
     ).raise_error()
     attached = jc.current()
     try:
-        assert attached is not None and attached is not previous and attached.mismatch
+        assert attached is not None and attached is not previous and attached is not other_head and attached.mismatch
         err = capsys.readouterr().err
         assert "Note: the notebook runs Python" in err and "--python" in err
         run(shell, "x = [1, 2]").raise_error()
