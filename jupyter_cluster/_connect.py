@@ -309,6 +309,8 @@ def connect(
         raise ValueError("connect needs a head ([user@]host[:port]), or a cluster YAML of Ray's launcher: config=")
     if ship not in ("auto", "always"):
         raise ValueError("ship must be 'auto' or 'always'")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be a TCP port number (1 to 65535), not {port!r}")
     if on_interrupt not in ("cancel", "keep"):
         raise ValueError("on_interrupt must be 'cancel' or 'keep'")
     if keepalive < 0 or reconnect_for < 0:

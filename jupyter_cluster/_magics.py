@@ -216,6 +216,7 @@ def _cluster_parser() -> argparse.ArgumentParser:
         sub.add_argument("--keepalive", type=float, help="seconds of silence before the link counts as lost")
         sub.add_argument("--reconnect-for", type=float, help="seconds to keep reconnecting a lost link")
     connect.add_argument("--start-head", action="store_true", help="run `ray start --head` if no Ray runs there")
+    connect.add_argument("--port", type=int, help="with --start-head: the port Ray's head listens on (default 6379)")
     connect.add_argument("--session", help="resume this session (its agent and running work)")
     connect.add_argument("--address", help="the Ray address (GCS host:port) to join, if the head runs several")
     connect.add_argument("--ray-token-file", help="a file holding the Ray cluster's token (token authentication)")
@@ -351,6 +352,8 @@ class ClusterMagics(Magics):
                 f"%cluster connect: {given}: give [user@]host[:port], or --config cluster.yaml for the running "
                 f"cluster of Ray's cluster launcher\n{_cluster_parser().format_usage()}"
             )
+        if args.command == "connect" and args.port is not None and not args.start_head:
+            raise UsageError("%cluster connect: --port goes with --start-head (the port of the Ray it starts)")
         if args.command == "up" and args.restart and args.config is None:
             raise UsageError("%cluster up: --restart goes with --config (Ray's cluster launcher)")
         try:
@@ -367,6 +370,7 @@ class ClusterMagics(Magics):
                     session=args.session,
                     ray_token_file=args.ray_token_file,
                     address=args.address,
+                    **({"port": args.port} if args.port is not None else {}),
                     **options,
                 )
         except ValueError as exc:

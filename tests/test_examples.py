@@ -8,6 +8,8 @@ the counter actors and the map-reduce.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +93,29 @@ EXPECTED: dict[str, list[str]] = {
         "at the first iteration,",
         "Stopped the embedded cluster.",
     ],
+    "09-ssh.ipynb": [  # without JC_EXAMPLE_HEAD, as on Binder: the SSH steps skipped, the cells on the embedded cluster
+        "No SSH head is set (JC_EXAMPLE_HEAD)",
+        "Attached to <Cluster embedded local",
+        "running on ",
+        "step 7",
+        "the cell's output: 8 steps",
+        "says: hello from the head",
+        "Stopped the embedded cluster.",
+    ],
+    "10-watching.ipynb": [
+        "<Dashboard of embedded local",
+        "<remote ndarray float64 (25000000,) 190.7 MiB",  # the block kept in the object store
+        "60/60 items done in",
+        ") hello from task 2",  # a task's prints, with Ray's prefix, in the driver cell that started it
+        "(Greeter pid=",
+        ", after it ended] (late pid=",  # %cluster logs: the line no running cell could take
+        "object store 190.7 MiB used",  # the status card
+        "task running>]",
+        "after cancel(): cancelled",
+        "reading its output: KeyboardInterrupt: cancelled the remote cell",
+        "dashboard: 1 node(s)",
+        "Stopped the embedded cluster.",
+    ],
     "06-ddp-port.ipynb": [
         "<TrainingView jc.train_torch(train): done>",
         "<TrainResult done in",
@@ -127,6 +152,38 @@ def test_there_are_examples() -> None:
     assert any(p.name == "01-quickstart.ipynb" for p in NOTEBOOKS)
 
 
+def _run_example() -> Any:
+    """scripts/run_example.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("run_example", EXAMPLES.parent / "scripts" / "run_example.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: The most a committed example may weigh: its outputs without the BokehJS bundle (an executed quickstart with it
+#: is 8 MB).
+COMMITTED_SIZE = 1024 * 1024
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_committed_outputs_are_of_the_current_code(path: Path) -> None:
+    """Each example is committed with the outputs of a clean run of its current code (no kernel needed: the digest
+    of its code cells, kept in its metadata by ``scripts/run_example.py --commit``), small enough for a code host."""
+    runner = _run_example()
+    nb = json.loads(path.read_text())
+    fix = f"run `python scripts/run_example.py --commit {path.relative_to(EXAMPLES.parent)}` and commit the result"
+    ran = nb["metadata"].get("jupyter_cluster", {})
+    assert ran.get("code") == runner.code_digest(nb), f"{path.name}: its outputs are not of its current code: {fix}"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("execution_count") for c in code), f"{path.name}: a code cell has no output of a run: {fix}"
+    outputs = [o for c in code for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"], f"{path.name}: an error was committed"
+    live = {kind for o in outputs for kind in o.get("data", {}) if kind in runner.LIVE_ONLY}
+    assert not live and "widgets" not in nb["metadata"], f"{path.name}: live-only outputs were committed: {live}"
+    assert path.stat().st_size < COMMITTED_SIZE, f"{path.name}: {path.stat().st_size} bytes"
+
+
 #: The notebooks of the slow tier (--runslow): minutes each on two cores, of training and sweeps whose paths the
 #: default run covers through test_runs.py (jc.train_torch, jc.tune) and test_browser.py (their widgets).
 SLOW = {"03-train-torch", "04-tune-asha", "06-ddp-port"}
@@ -135,15 +192,20 @@ SLOW = {"03-train-torch", "04-tune-asha", "06-ddp-port"}
 @pytest.mark.parametrize(
     "path", [pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if p.stem in SLOW else []) for p in NOTEBOOKS]
 )
-def test_example_runs(path: Path, python3_kernel: str, tmp_path: Path) -> None:
+def test_example_runs(path: Path, python3_kernel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JC_EXAMPLE_HEAD", raising=False)  # 09 over SSH: tests/test_example_ssh.py
+    execute(path, python3_kernel, tmp_path, EXPECTED.get(path.name, []))
+
+
+def execute(path: Path, kernel: str, tmp_path: Path, expected: list[str]) -> Any:
+    """Run the notebook at ``path`` in a fresh ``kernel``: no cell may fail, each must run, and each of ``expected``
+    must be printed. Returns the executed notebook."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
-        nb, timeout=600, kernel_name=python3_kernel, resources={"metadata": {"path": str(EXAMPLES)}}
-    )
+    client = NotebookClient(nb, timeout=600, kernel_name=kernel, resources={"metadata": {"path": str(EXAMPLES)}})
     try:
         client.execute()
     except CellExecutionError as exc:
@@ -156,9 +218,10 @@ def test_example_runs(path: Path, python3_kernel: str, tmp_path: Path) -> None:
     assert not unrun, f"{path.name}: code cells that did not run: {unrun}"
 
     printed = "\n".join(text for cell in nb.cells if cell.cell_type == "code" for text in _texts(cell))
-    missing = [text for text in EXPECTED.get(path.name, []) if text not in printed]
+    missing = [text for text in expected if text not in printed]
     assert not missing, f"{path.name}: expected output not found: {missing}\n--- output ---\n{printed}"
     _static_views(nb, path.name)
+    return nb
 
 
 def _static_views(nb: Any, name: str) -> None:

@@ -297,3 +297,25 @@ def test_bad_connect_leaves_the_current_session_alone(remote: jc.Cluster, sshd_s
         jc.connect(_target(sshd_server), python="/opt/nowhere/python3", **_options(sshd_server))
     assert jc.current() is remote
     assert remote.run_cell("v = 1").result(60).outputs["v"] == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("connect head.example --port 6380", "--port goes with --start-head"),
+        ("connect head.example --start-head --port 0", "port must be a TCP port number"),
+        ("connect head.example --start-head --port 70000", "port must be a TCP port number"),
+        ("connect head.example --start-head --port six", "invalid int value"),
+    ],
+)
+def test_connect_usage_errors_name_the_option(line: str, expected: str) -> None:
+    """Refused before any connection is tried, the attached cluster left as it was."""
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "jupyter_cluster")
+    before = jc.current()
+    with pytest.raises(UsageError, match=expected):
+        shell.run_line_magic("cluster", line)
+    assert jc.current() is before
