@@ -101,7 +101,9 @@ def test_every_module_the_examples_import_is_installed_by_the_binder_spec() -> N
     installed = _closure([*extra, *_pyproject()["project"]["dependencies"], "torch"])
     providers = importlib.metadata.packages_distributions()
     missing = {}
-    for notebook in sorted((ROOT / "examples").glob("[0-9][0-9]-*.ipynb")):
+    for notebook in sorted(
+        p for p in (ROOT / "examples").glob("[0-9][0-9]-*.ipynb") if not p.name.endswith(".out.ipynb")
+    ):
         cells = json.loads(notebook.read_text())["cells"]
         for cell in cells:
             if cell["cell_type"] != "code":
@@ -113,3 +115,122 @@ def test_every_module_the_examples_import_is_installed_by_the_binder_spec() -> N
                 if not dists & installed:
                     missing.setdefault(module, []).append(notebook.name)
     assert not missing, f"imported by the examples but not installed by binder/requirements.txt: {missing}"
+
+
+# ------------------------------------------------------------------------------------------ a small container
+
+
+def test_a_small_container_gets_a_small_store_in_tmp() -> None:
+    from jupyter_cluster.agent._sizing import STORE_MINIMUM, small_container
+
+    binder: dict = {}
+    notes = small_container(binder, 2 * 2**30, 64 * 2**20)  # Binder: 2 GiB, Docker's 64 MiB /dev/shm
+    assert binder == {"object_store_memory": int(2 * 2**30 * 0.15), "_plasma_directory": "/tmp"}, binder
+    assert notes == ["object store 307 MiB (15% of 2048 MiB)", "object store in /tmp (/dev/shm holds 64 MiB)"]
+    tiny: dict = {}
+    small_container(tiny, 256 * 2**20, 2**30)
+    assert tiny == {"object_store_memory": STORE_MINIMUM}, "never below Ray's minimum; /dev/shm holds it"
+    laptop: dict = {}
+    assert small_container(laptop, 16 * 2**30, 8 * 2**30) == [] and laptop == {}, "a laptop is left to Ray"
+    given = {"object_store_memory": 100 * 2**20}
+    small_container(given, 2 * 2**30, 64 * 2**20)
+    assert given == {"object_store_memory": 100 * 2**20, "_plasma_directory": "/tmp"}, "the user's size is kept"
+
+
+def test_the_memory_limit_is_the_processs_own_cgroups(tmp_path: Path) -> None:
+    from jupyter_cluster.agent._sizing import cgroup_files, memory_limit
+
+    proc = tmp_path / "cgroup"
+    proc.write_text("12:cpu,cpuacct:/\n4:memory:/process_api/notebook\n0::/user.slice/a\n")
+    files = cgroup_files(str(proc))
+    assert files[:2] == (
+        "/sys/fs/cgroup/memory/process_api/notebook/memory.limit_in_bytes",
+        "/sys/fs/cgroup/user.slice/a/memory.max",
+    ), files
+    assert files[-2:] == ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    proc.write_text("0::/\n")  # a container's own cgroup namespace: the root is its cgroup
+    assert cgroup_files(str(proc)) == ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+    v1, v2, unlimited = tmp_path / "v1", tmp_path / "v2", tmp_path / "none"
+    v1.write_text(f"{2 * 2**30}\n")
+    v2.write_text("max\n")
+    unlimited.write_text("9223372036854771712\n")  # v1's "no limit"
+    assert memory_limit((str(v1), str(v2), str(tmp_path / "missing"))) == 2 * 2**30
+    machine = memory_limit((str(v2), str(unlimited)))
+    assert machine is not None and machine > 2**28, "no cgroup limit: the machine's memory"
+
+
+# ------------------------------------------------------------------------- the examples in a Binder-sized box
+
+#: Binder's memory limit (mybinder.org: 2 GB), and Docker's /dev/shm.
+LIMIT = 2 * 2**30
+SHM = "64m"
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+PEAKS = ROOT / "tests" / "artifacts" / "binder-peaks.json"
+
+WRAPPER = """#!/bin/sh
+# A kernel in a Binder-sized box: the memory cgroup $1, and a mount namespace whose /dev/shm is Docker's 64 MiB.
+echo $$ > "$1/cgroup.procs"
+exec unshare -m sh -c 'mount -t tmpfs -o size={shm} tmpfs /dev/shm && exec "$0" -m ipykernel_launcher -f "$1"' \\
+    {python} "$2"
+"""
+
+
+def _binder_kernel(tmp_path: Path, cgroup: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A kernelspec ``python3-binder`` whose kernel (and all it starts: the agent, Ray) runs in ``cgroup``."""
+    wrapper = tmp_path / "binder-kernel.sh"
+    wrapper.write_text(WRAPPER.format(shm=SHM, python=sys.executable))
+    wrapper.chmod(0o755)
+    spec = tmp_path / "jupyter" / "kernels" / "python3-binder"
+    spec.mkdir(parents=True)
+    argv = [str(wrapper), str(cgroup), "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Binder-sized", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    return "python3-binder"
+
+
+EXAMPLE_NOTEBOOKS = sorted(
+    p for p in (ROOT / "examples").glob("[0-9][0-9]-*.ipynb") if not p.name.endswith(".out.ipynb")
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("path", EXAMPLE_NOTEBOOKS, ids=[p.stem for p in EXAMPLE_NOTEBOOKS])
+def test_each_example_runs_in_2_gib_with_a_small_dev_shm(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on mybinder.org: the kernel, the agent and the embedded Ray in a 2 GiB memory cgroup (v1, as here), with a
+    64 MiB /dev/shm. The notebook runs top to bottom with the checks test_examples.py makes; its peak (the cgroup's
+    ``memory.max_usage_in_bytes``, page cache included) is recorded in tests/artifacts/binder-peaks.json."""
+    import os
+    import shutil
+    import subprocess
+    import time
+
+    from .test_examples import EXPECTED, execute
+
+    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists() or not shutil.which("unshare"):
+        pytest.skip("needs root, cgroup v1's memory controller at /sys/fs/cgroup/memory, and unshare")
+    monkeypatch.delenv("JC_EXAMPLE_HEAD", raising=False)
+    cgroup = CGROUP_V1 / f"jc-binder-{path.stem}-{os.getpid()}"
+    cgroup.mkdir()
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(LIMIT))
+        execute(path, _binder_kernel(tmp_path, cgroup, monkeypatch), tmp_path, EXPECTED.get(path.name, []))
+        peak = int((cgroup / "memory.max_usage_in_bytes").read_text())
+        oom = (cgroup / "memory.oom_control").read_text()
+    finally:
+        for _ in range(50):  # the kernel's processes leave the cgroup as they exit
+            pids = (cgroup / "cgroup.procs").read_text().split()
+            if not pids:
+                break
+            subprocess.run(["kill", "-9", *pids], capture_output=True)
+            time.sleep(0.2)
+        cgroup.rmdir()
+    peaks = json.loads(PEAKS.read_text()) if PEAKS.exists() else {}
+    peaks[path.stem] = {"peak_mib": peak >> 20, "limit_mib": LIMIT >> 20}
+    PEAKS.parent.mkdir(parents=True, exist_ok=True)
+    PEAKS.write_text(json.dumps(peaks, indent=1, sort_keys=True) + "\n")
+    print(f"{path.stem}: peak {peak >> 20} MiB of {LIMIT >> 20} MiB")
+    assert "oom_kill 0" in oom or "oom_kill" not in oom, f"{path.name}: the kernel's cgroup hit its limit: {oom}"

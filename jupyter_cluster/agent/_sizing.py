@@ -27,8 +27,30 @@ SHM_MARGIN = 16 * 2**20
 _CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
-def memory_limit(files: tuple[str, ...] = _CGROUP_FILES) -> int | None:
+def cgroup_files(proc: str = "/proc/self/cgroup") -> tuple[str, ...]:
+    """Where this process's memory limit is written: the files of its own cgroup (v2, or v1's memory controller),
+    as ``/proc/self/cgroup`` names it, then those at the root of ``/sys/fs/cgroup`` (what a container whose cgroup
+    is mounted there sees)."""
+    own = []
+    try:
+        with open(proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "?", "")
+        path = path.rstrip("/")
+        if controllers == "":
+            own.append(f"/sys/fs/cgroup{path}/memory.max")
+        elif "memory" in controllers.split(","):
+            own.append(f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+    return (*[f for f in own if f not in _CGROUP_FILES], *_CGROUP_FILES)
+
+
+def memory_limit(files: tuple[str, ...] | None = None) -> int | None:
     """The memory this process may use: its cgroup's limit (v2 or v1), else the machine's; None if unknown."""
+    if files is None:
+        files = cgroup_files()
     limits = []
     for path in files:
         try:
@@ -74,4 +96,4 @@ def small_container(kwargs: dict[str, Any], memory: int | None, shm: int | None)
     return notes
 
 
-__all__ = ["memory_limit", "shm_size", "small_container"]
+__all__ = ["cgroup_files", "memory_limit", "shm_size", "small_container"]
