@@ -133,7 +133,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_environment.py tests/test_worker_output.py tests/test_widgets.py tests/test_sidebar.py"
+    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_environment.py tests/test_widgets.py"
 )
 ignore=()
 pids=()

@@ -7,11 +7,8 @@ somewhere Ray's tools on the head do not look. Over the real sshd on loopback.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import re
 import secrets
-import signal
 import stat
 import subprocess
 import sys
@@ -28,11 +25,11 @@ from jupyter_cluster._link import AgentLink, UnixTransport
 from jupyter_cluster._local import EmbeddedAgent
 from jupyter_cluster._ssh import RayAuthError, SSHTarget
 
+from .ray_start import RAY, start_head
 from .sshd import SSHServer, free_port, sshd_server  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
 
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 TOKEN_FILE = Path.home() / ".ray" / "auth_token"
 
 
@@ -44,32 +41,6 @@ def _options(server: SSHServer) -> dict[str, Any]:
     return {"identity": str(server.identity), "known_hosts": str(server.known_hosts)}
 
 
-#: How many times a `ray start --head` that timed out during startup is tried.
-START_ATTEMPTS = 4
-
-
-def _quieter(load: float = 1.5, most: float = 90.0) -> None:
-    """Wait, 10 s at least and ``most`` at the most, for the machine's load to fall below ``load`` (Ray's
-    fixed 30 s start window passed while the other test process started clusters of its own)."""
-    time.sleep(10)
-    deadline = time.monotonic() + most
-    while os.getloadavg()[0] > load and time.monotonic() < deadline:
-        time.sleep(3)
-
-
-def _kill_ray_of_port(port: int) -> None:
-    """Kill the processes of a ``ray start --head --port PORT`` that failed: its GCS, and all that name its address."""
-    for entry in os.listdir("/proc"):
-        try:
-            line = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        ours = f"--gcs_server_port={port}" in line or re.search(rf"--gcs[-_]address=\S+:{port}\b", line)
-        if entry.isdigit() and ours:
-            with contextlib.suppress(OSError):
-                os.kill(int(entry), signal.SIGKILL)
-
-
 @pytest.fixture
 def hand_started(sshd_server: SSHServer) -> Iterator[Callable[..., str]]:
     """``start(env, temp_dir=None)``: ``ray start --head`` as a user types it; returns the address. Stops exactly
@@ -79,27 +50,14 @@ def hand_started(sshd_server: SSHServer) -> Iterator[Callable[..., str]]:
 
     def start(env: dict[str, str], temp_dir: str | None = None) -> str:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-        # Ray gives a starting node fixed 30 s windows (the raylet waits for its dashboard agent, a Python
-        # process, then `ray start` waits for the raylet); on two cores busy with the rest of the suite (the
-        # example notebooks start clusters beside this) they can pass. Not what these tests are about: what such
-        # a start left is stopped, and it is tried again once the machine had a moment.
-        environ["RAY_agent_register_timeout_ms"] = "90000"
-        for attempt in range(1, START_ATTEMPTS + 1):
-            port = free_port()
-            args = [RAY, "start", "--head", "--port", str(port), "--num-cpus", "1", "--disable-usage-stats"]
-            args += ["--include-dashboard", "false"] + (["--temp-dir", temp_dir] if temp_dir else [])
-            done = subprocess.run(args, capture_output=True, text=True, env={**environ, **env}, timeout=180)
-            if attempt < START_ATTEMPTS and "timed out during startup" in done.stderr:
-                _kill_ray_of_port(port)
-                _quieter()
-                continue
-            break
-        match = re.search(r"--address='([^']+)'", done.stdout + done.stderr)
-        assert done.returncode == 0 and match, done.stderr[-2000:]
+        args = ["--num-cpus", "1", "--disable-usage-stats", "--include-dashboard", "false"]
+        args += ["--temp-dir", temp_dir] if temp_dir else []
+        done, address = start_head(args, {**environ, **env})
+        assert address, done.stderr[-2000:]
         latest = os.path.realpath(os.path.join(temp_dir or "/tmp/ray", "session_latest"))
         target = SSHTarget.parse(_target(sshd_server), **_options(sshd_server))
-        started.append(StartedRay(match.group(1), os.path.basename(latest), "", [target]))
-        return match.group(1)
+        started.append(StartedRay(address, os.path.basename(latest), "", [target]))
+        return address
 
     yield start
     current = jc.current()

@@ -19,11 +19,8 @@ from __future__ import annotations
 import _thread
 import asyncio
 import os
-import re
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,11 +36,11 @@ from jupyter_cluster._connect import StartedRay, _stop_started
 from jupyter_cluster._ssh import SSHTarget
 from jupyter_cluster.agent._protocol import Frame, read_frame, write_frame
 
+from .ray_start import start_head
 from .sshd import CuttableLink, SSHKeys, SSHServer, free_port, link_cutter, ssh_keys, sshd_server  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
 
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 OUTAGE = 45.0
 LINES = 100  # a line every 0.5 s: the outage (from 3 s to 48 s) ends a few seconds before the cell
 SOURCE = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = {LINES}"
@@ -66,14 +63,12 @@ def head(sshd_server: SSHServer) -> Iterator[str]:
     temp = tempfile.mkdtemp(prefix="jcl-head-", dir="/tmp")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
-    args = [RAY, "start", "--head", "--port", str(free_port()), "--num-cpus", "1", "--disable-usage-stats"]
-    args += ["--include-dashboard", "false", "--temp-dir", temp]
-    done = subprocess.run(args, capture_output=True, text=True, env=environ, timeout=120)
-    match = re.search(r"--address='([^']+)'", done.stdout + done.stderr)
-    assert done.returncode == 0 and match, done.stderr[-2000:]
+    args = ["--num-cpus", "1", "--disable-usage-stats", "--include-dashboard", "false", "--temp-dir", temp]
+    done, address = start_head(args, environ)
+    assert address, done.stderr[-2000:]
     session = os.path.basename(os.path.realpath(os.path.join(temp, "session_latest")))
     target = SSHTarget.parse(f"root@{sshd_server.host}:{sshd_server.port}", **_options(sshd_server))
-    started = StartedRay(match.group(1), session, token, [target])
+    started = StartedRay(address, session, token, [target])
     saved = os.environ.get("RAY_AUTH_TOKEN")
     os.environ["RAY_AUTH_TOKEN"] = token
     try:
