@@ -101,6 +101,7 @@ def test_a_head_started_by_hand_with_token_auth(hand_started: Any, sshd_server: 
         embedded.down()
 
 
+@pytest.mark.slow
 def test_a_head_with_authentication_disabled(hand_started: Any, sshd_server: SSHServer) -> None:
     address = hand_started({"RAY_AUTH_MODE": "disabled"}, temp_dir=f"/tmp/jc-hand-{secrets.token_hex(3)}")
     cluster = jc.connect(_target(sshd_server), address=address, **_options(sshd_server))

@@ -19,6 +19,7 @@ from .test_examples import EXAMPLES, execute, python3_kernel  # noqa: F401 (fixt
 pytestmark = pytest.mark.timeout(600)
 
 
+@pytest.mark.slow
 def test_the_ssh_example_attaches_starts_a_head_and_stops_it(
     sshd_server: SSHServer, python3_kernel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

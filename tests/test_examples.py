@@ -8,6 +8,8 @@ the counter actors and the map-reduce.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -150,10 +152,43 @@ def test_there_are_examples() -> None:
     assert any(p.name == "01-quickstart.ipynb" for p in NOTEBOOKS)
 
 
+def _run_example() -> Any:
+    """scripts/run_example.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("run_example", EXAMPLES.parent / "scripts" / "run_example.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: The most a committed example may weigh: its outputs without the BokehJS bundle (an executed quickstart with it
+#: is 8 MB).
+COMMITTED_SIZE = 1024 * 1024
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_committed_outputs_are_of_the_current_code(path: Path) -> None:
+    """Each example is committed with the outputs of a clean run of its current code (no kernel needed: the digest
+    of its code cells, kept in its metadata by ``scripts/run_example.py --commit``), small enough for a code host."""
+    runner = _run_example()
+    nb = json.loads(path.read_text())
+    fix = f"run `python scripts/run_example.py --commit {path.relative_to(EXAMPLES.parent)}` and commit the result"
+    ran = nb["metadata"].get("jupyter_cluster", {})
+    assert ran.get("code") == runner.code_digest(nb), f"{path.name}: its outputs are not of its current code: {fix}"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("execution_count") for c in code), f"{path.name}: a code cell has no output of a run: {fix}"
+    outputs = [o for c in code for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"], f"{path.name}: an error was committed"
+    live = {kind for o in outputs for kind in o.get("data", {}) if kind in runner.LIVE_ONLY}
+    assert not live and "widgets" not in nb["metadata"], f"{path.name}: live-only outputs were committed: {live}"
+    assert path.stat().st_size < COMMITTED_SIZE, f"{path.name}: {path.stat().st_size} bytes"
+
+
 #: The notebooks of the slow tier (--runslow): minutes each on two cores, of training and sweeps whose paths the
-#: default run covers through test_runs.py (jc.train_torch, jc.tune) and test_browser.py (their widgets); and 09
-#: without a head (its SSH steps skipped), whose every step test_example_ssh.py runs with one.
-SLOW = {"03-train-torch", "04-tune-asha", "06-ddp-port", "09-ssh"}
+#: default run covers through test_runs.py (jc.train_torch, jc.tune) and test_browser.py (their widgets); 09
+#: without a head (its SSH steps skipped; test_example_ssh.py runs every step with one); and 10, whose views
+#: test_widgets.py, test_worker_output.py and test_sidebar.py check one by one.
+SLOW = {"03-train-torch", "04-tune-asha", "05-tune-pbt", "06-ddp-port", "09-ssh", "10-watching"}
 
 
 @pytest.mark.parametrize(

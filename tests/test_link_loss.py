@@ -226,6 +226,7 @@ def test_the_agent_channel_closing_while_ssh_stays_up(sshd_server: SSHServer, he
         cluster.down()
 
 
+@pytest.mark.slow
 def test_an_outage_longer_than_reconnect_for(
     link_cutter: CuttableLink, sshd_server: SSHServer, head: str, shell: Any
 ) -> None:

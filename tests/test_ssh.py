@@ -234,6 +234,7 @@ def test_a_new_kernel_resumes_the_session(remote: jc.Cluster, sshd_server: SSHSe
     jc.connect(_target(sshd_server), session=remote.session, **_options(sshd_server))
 
 
+@pytest.mark.slow
 def test_the_link_survives_a_cut_longer_than_30_seconds(link_cutter: Any, sshd_server: SSHServer) -> None:
     cluster = jc.connect(
         _target(sshd_server, link_cutter.port),
