@@ -22,6 +22,10 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
 
 ROOT = Path(__file__).resolve().parent.parent
 BINDER = ROOT / "binder"
+#: The example notebooks (their executed copies, NAME.out.ipynb, aside).
+EXAMPLE_NOTEBOOKS = sorted(
+    p for p in (ROOT / "examples").glob("[0-9][0-9]-*.ipynb") if not p.name.endswith(".out.ipynb")
+)
 
 
 def _requirements() -> list[str]:
@@ -101,9 +105,7 @@ def test_every_module_the_examples_import_is_installed_by_the_binder_spec() -> N
     installed = _closure([*extra, *_pyproject()["project"]["dependencies"], "torch"])
     providers = importlib.metadata.packages_distributions()
     missing = {}
-    for notebook in sorted(
-        p for p in (ROOT / "examples").glob("[0-9][0-9]-*.ipynb") if not p.name.endswith(".out.ipynb")
-    ):
+    for notebook in EXAMPLE_NOTEBOOKS:
         cells = json.loads(notebook.read_text())["cells"]
         for cell in cells:
             if cell["cell_type"] != "code":
@@ -187,11 +189,6 @@ def _binder_kernel(tmp_path: Path, cgroup: Path, monkeypatch: pytest.MonkeyPatch
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Binder-sized", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     return "python3-binder"
-
-
-EXAMPLE_NOTEBOOKS = sorted(
-    p for p in (ROOT / "examples").glob("[0-9][0-9]-*.ipynb") if not p.name.endswith(".out.ipynb")
-)
 
 
 @pytest.mark.slow
