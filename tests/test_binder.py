@@ -22,6 +22,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
 
 ROOT = Path(__file__).resolve().parent.parent
 BINDER = ROOT / "binder"
+README = ROOT / "README.md"
 #: The example notebooks (their executed copies, NAME.out.ipynb, aside).
 EXAMPLE_NOTEBOOKS = sorted(
     p for p in (ROOT / "examples").glob("[0-9][0-9]-*.ipynb") if not p.name.endswith(".out.ipynb")
@@ -117,6 +118,15 @@ def test_every_module_the_examples_import_is_installed_by_the_binder_spec() -> N
                 if not dists & installed:
                     missing.setdefault(module, []).append(notebook.name)
     assert not missing, f"imported by the examples but not installed by binder/requirements.txt: {missing}"
+
+
+def test_the_readme_badge_launches_this_repository_on_examples() -> None:
+    """The Binder badge opens JupyterLab on examples/ of the repository pyproject.toml names, at its main branch."""
+    repository = _pyproject()["project"]["urls"]["Repository"]
+    owner_name = re.fullmatch(r"https://github\.com/([^/]+/[^/]+)", repository)
+    assert owner_name, f"pyproject.toml's Repository is not a GitHub repository: {repository}"
+    badges = re.findall(r"\[!\[[^\]]*\]\(https://mybinder\.org/badge_logo\.svg\)\]\(([^)]+)\)", README.read_text())
+    assert badges == [f"https://mybinder.org/v2/gh/{owner_name[1]}/main?urlpath=lab/tree/examples"], badges
 
 
 # ------------------------------------------------------------------------------------------ a small container
