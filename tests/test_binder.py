@@ -18,15 +18,13 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from .test_examples import NOTEBOOKS
+
 tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
 
 ROOT = Path(__file__).resolve().parent.parent
 BINDER = ROOT / "binder"
 README = ROOT / "README.md"
-#: The example notebooks (their executed copies, NAME.out.ipynb, aside).
-EXAMPLE_NOTEBOOKS = sorted(
-    p for p in (ROOT / "examples").glob("[0-9][0-9]-*.ipynb") if not p.name.endswith(".out.ipynb")
-)
 
 
 def _requirements() -> list[str]:
@@ -106,7 +104,7 @@ def test_every_module_the_examples_import_is_installed_by_the_binder_spec() -> N
     installed = _closure([*extra, *_pyproject()["project"]["dependencies"], "torch"])
     providers = importlib.metadata.packages_distributions()
     missing = {}
-    for notebook in EXAMPLE_NOTEBOOKS:
+    for notebook in NOTEBOOKS:
         cells = json.loads(notebook.read_text())["cells"]
         for cell in cells:
             if cell["cell_type"] != "code":
@@ -203,7 +201,7 @@ def _binder_kernel(tmp_path: Path, cgroup: Path, monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("path", EXAMPLE_NOTEBOOKS, ids=[p.stem for p in EXAMPLE_NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_each_example_runs_in_2_gib_with_a_small_dev_shm(
     path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

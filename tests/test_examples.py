@@ -20,7 +20,19 @@ import pytest
 pytestmark = pytest.mark.timeout(900)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-NOTEBOOKS = sorted(p for p in EXAMPLES.glob("*.ipynb") if not p.name.endswith(".out.ipynb"))
+
+
+def _run_example() -> Any:
+    """scripts/run_example.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("run_example", EXAMPLES.parent / "scripts" / "run_example.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: The example notebooks, as scripts/run_example.py --all finds them.
+NOTEBOOKS: list[Path] = _run_example().examples()
 
 #: Text each notebook must print (in stdout or a displayed value), besides running cleanly.
 EXPECTED: dict[str, list[str]] = {
@@ -152,15 +164,6 @@ def test_there_are_examples() -> None:
     assert any(p.name == "01-quickstart.ipynb" for p in NOTEBOOKS)
 
 
-def _run_example() -> Any:
-    """scripts/run_example.py as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("run_example", EXAMPLES.parent / "scripts" / "run_example.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 #: The most a committed example may weigh: its outputs without the BokehJS bundle (an executed quickstart with it
 #: is 8 MB).
 COMMITTED_SIZE = 1024 * 1024
@@ -182,6 +185,42 @@ def test_the_committed_outputs_are_of_the_current_code(path: Path) -> None:
     live = {kind for o in outputs for kind in o.get("data", {}) if kind in runner.LIVE_ONLY}
     assert not live and "widgets" not in nb["metadata"], f"{path.name}: live-only outputs were committed: {live}"
     assert path.stat().st_size < COMMITTED_SIZE, f"{path.name}: {path.stat().st_size} bytes"
+
+
+def test_commit_writes_a_clean_run_without_live_only_outputs_and_leaves_a_failing_one(
+    python3_kernel: str, tmp_path: Path
+) -> None:
+    """``run_example.py --commit``: a clean notebook gets its outputs (live-only kinds dropped, a display of only
+    those dropped whole) and its code's digest; a failing one is left as it was, its error in NAME.out.ipynb."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    runner = _run_example()
+    live = "{'application/javascript': 'alert(1)', 'text/plain': 'kept'}"
+    good, bad = tmp_path / "good.ipynb", tmp_path / "bad.ipynb"
+    nbformat.write(
+        new_notebook(
+            cells=[
+                new_code_cell("x = 6 * 7\nx"),
+                new_code_cell(f"display({live}, raw=True)"),
+                new_code_cell("display({'application/javascript': 'alert(2)'}, raw=True)"),
+            ]
+        ),
+        good,
+    )
+    nbformat.write(new_notebook(cells=[new_code_cell("y = 1"), new_code_cell("1 / 0")]), bad)
+    before = bad.read_bytes()
+
+    assert runner.main([str(good), str(bad), "--commit"]) == 1, "a failing notebook fails the run"
+
+    assert bad.read_bytes() == before, "a failing notebook is not committed"
+    failed = nbformat.read(tmp_path / "bad.out.ipynb", as_version=4)
+    assert failed.cells[1].outputs[0]["ename"] == "ZeroDivisionError"
+    ran = nbformat.read(good, as_version=4)
+    assert ran.metadata["jupyter_cluster"]["code"] == runner.code_digest(ran)
+    assert ran.cells[0].outputs[0]["data"] == {"text/plain": "42"}
+    assert [o["data"] for o in ran.cells[1].outputs] == [{"text/plain": "kept"}]
+    assert ran.cells[2].outputs == [], "a display of only live-only kinds is dropped"
 
 
 #: The notebooks of the slow tier (--runslow): minutes each on two cores, of training and sweeps whose paths the
