@@ -11,15 +11,25 @@ With ``--commit``, a notebook that ran cleanly is written over its source with i
 keeps them: what a reader without a kernel sees (text, images, the widgets' static snapshots), without what only
 a live kernel uses (the BokehJS bundle, widget views and their saved state), and with the digest of the code it
 ran in its metadata (``jupyter_cluster.code``: tests/test_examples.py fails when the code changed since).
+
+An SSH example (09) attaches to the head that ``JC_EXAMPLE_HEAD`` names (with ``JC_EXAMPLE_OPTIONS``), and runs on
+an embedded cluster without one. With ``--commit`` and no ``JC_EXAMPLE_HEAD``, it runs against a real ``sshd`` on
+127.0.0.1 started for it (the test suite's, tests/sshd.py; needs root and OpenSSH's server), so that the committed
+copy shows the SSH path; where that cannot run, it says so and runs without a head.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +45,10 @@ LIVE_ONLY = (
     "application/vnd.bokehjs_exec.v0+json",
     "application/vnd.jupyter.widget-view+json",
 )
+
+
+#: The examples that attach over SSH to the head JC_EXAMPLE_HEAD names.
+SSH_EXAMPLES = ("09-ssh.ipynb",)
 
 
 def examples() -> list[Path]:
@@ -66,6 +80,54 @@ def committed(nb: Any, seconds: float) -> Any:
     nb.metadata.pop("widgets", None)
     nb.metadata["jupyter_cluster"] = {"code": code_digest(nb), "seconds": round(seconds)}
     return nb
+
+
+@contextlib.contextmanager
+def loopback_head() -> Iterator[dict[str, str] | None]:
+    """What points an SSH example at a real ``sshd`` on 127.0.0.1, started here for it (tests/sshd.py: root login
+    with a fresh key, the head's Python the one running this); None where one cannot run (not root, no sshd)."""
+    if os.geteuid() != 0 or not shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:/usr/bin"):
+        yield None
+        return
+    sys.path.insert(0, str(ROOT))
+    from tests.sshd import SSHKeys, SSHServer, free_port
+
+    with tempfile.TemporaryDirectory(prefix="jc-example-sshd.") as tmp:
+        keys = SSHKeys.generate(Path(tmp) / "keys")
+        with SSHServer(keys, Path(tmp) / "sshd") as server:
+            yield {
+                "JC_EXAMPLE_HEAD": f"{server.user}@{server.host}:{server.port}",
+                "JC_EXAMPLE_OPTIONS": f"--identity {server.identity} --known-hosts {server.known_hosts} "
+                f"--python {sys.executable} --port {free_port()}",
+            }
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set (the kernel nbclient starts inherits it), restored afterwards."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_committed(source: Path, output: Path | None, timeout: int, kernel: str, commit: bool) -> bool:
+    """:func:`run`, with an SSH example pointed at a loopback head when its outputs are to be committed."""
+    if not (commit and source.name in SSH_EXAMPLES and not os.environ.get("JC_EXAMPLE_HEAD")):
+        return run(source, output, timeout, kernel, commit)
+    with loopback_head() as head:
+        if head is None:
+            print(f"{source.name}: no sshd can run here (it needs root and OpenSSH's server): run without a head")
+            return run(source, output, timeout, kernel, commit)
+        print(f"{source.name}: attaching to a real sshd started for it at {head['JC_EXAMPLE_HEAD']}")
+        with environment(head):
+            return run(source, output, timeout, kernel, commit)
 
 
 def run(source: Path, output: Path | None, timeout: int, kernel: str, commit: bool) -> bool:
@@ -117,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in notebooks:
         if not path.is_file():
             parser.error(f"no such notebook: {path}")
-    failed = [p for p in notebooks if not run(p, args.output, args.timeout, args.kernel, args.commit)]
+    failed = [p for p in notebooks if not run_committed(p, args.output, args.timeout, args.kernel, args.commit)]
     if failed and len(notebooks) > 1:
         print(f"{len(failed)} of {len(notebooks)} failed: {', '.join(p.name for p in failed)}", file=sys.stderr)
     return 1 if failed else 0

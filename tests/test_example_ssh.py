@@ -1,35 +1,37 @@
 """examples/09-ssh.ipynb against a real sshd on loopback, as a reader with a head runs it.
 
 test_examples.py runs it without a head (the Binder path: the SSH steps skipped). Here it attaches with
-``--start-head``, so it runs in the test command's main process with the other tests that start heads.
+``--start-head`` to the sshd that ``scripts/run_example.py --commit`` starts for it, so it runs in the test
+command's main process with the other tests that start heads.
 """
 
 # ruff: noqa: F811
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from .sshd import SSHServer, free_port, sshd_server  # noqa: F401 (fixture)
-from .test_examples import EXAMPLES, execute, python3_kernel  # noqa: F401 (fixture)
+from .test_examples import EXAMPLES, _run_example, execute, python3_kernel  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.mark.slow
 def test_the_ssh_example_attaches_starts_a_head_and_stops_it(
-    sshd_server: SSHServer, python3_kernel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    python3_kernel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    head = f"{sshd_server.user}@{sshd_server.host}:{sshd_server.port}"
-    monkeypatch.setenv("JC_EXAMPLE_HEAD", head)
-    monkeypatch.setenv(
-        "JC_EXAMPLE_OPTIONS",
-        f"--identity {sshd_server.identity} --known-hosts {sshd_server.known_hosts} --python {sys.executable} "
-        f"--port {free_port()}",
-    )
+    with _run_example().loopback_head() as env:
+        if env is None:
+            pytest.skip("needs root and OpenSSH's sshd")
+        head = env["JC_EXAMPLE_HEAD"]
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        _attach_and_run(head, python3_kernel, tmp_path)
+
+
+def _attach_and_run(head: str, python3_kernel: str, tmp_path: Path) -> None:
     expected = [
         f"attaching to {head} over SSH",
         f"Attached to <Cluster ssh {head}",
