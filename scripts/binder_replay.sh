@@ -10,7 +10,8 @@
 #    index, named in binder/requirements.txt, cannot be reached from a machine without it: torch==2.13.0 is
 #    installed first, as scripts/test.sh does), then `pip install -r binder/requirements.txt` from the clone's root.
 # 3. `jupyter labextension list` must show the sidebar, the widget manager and jupyter_bokeh enabled.
-# 4. The test tools (nbclient, pytest) on top, then tests/test_binder.py's Binder-box test of every example:
+# 4. The test tools (nbclient, pytest, playwright) on top; tests/test_sidebar_browser.py: the sidebar in this
+#    environment's JupyterLab, in a real browser; then tests/test_binder.py's Binder-box test of every example:
 #    the kernel, the agent and the embedded Ray in a 2 GiB memory cgroup with a 64 MiB /dev/shm (needs root and
 #    cgroup v1's memory controller). The peaks land in the clone's tests/artifacts/binder-peaks.json, which is
 #    copied back to this checkout.
@@ -45,8 +46,10 @@ for name in jupyter-cluster-labextension @jupyter-widgets/jupyterlab-manager @bo
 done
 echo "::: the sidebar, the widget manager and jupyter_bokeh are enabled"
 
-pip install -q "nbclient>=0.10" "nbformat>=5.10" "pytest>=8" "pytest-timeout>=2.3"
+pip install -q "nbclient>=0.10" "nbformat>=5.10" "pytest>=8" "pytest-timeout>=2.3" "playwright>=1.40"
 python -m ipykernel install --sys-prefix >/dev/null
+# The sidebar in a real JupyterLab of this environment, driven in Debian's chromium (screenshots in tests/artifacts).
+python -m pytest -q -p no:cacheprovider tests/test_sidebar_browser.py
 status=0
 python -m pytest -q -p no:cacheprovider --runslow --durations=0 tests/test_binder.py -k "2_gib" "$@" || status=$?
 if [ -f tests/artifacts/binder-peaks.json ]; then
