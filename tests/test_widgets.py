@@ -224,16 +224,19 @@ def test_a_node_that_joins_and_leaves(kernel: Kernel, tmp_path: Path) -> None:
     gcs = eval(address)
     count = "len([n for n in dash.feed.nodes if not n.startswith('sim-')])"
     assert _value(kernel, count) == 1
+    log = tmp_path / "ray-start.log"
     worker = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", f"--address={gcs}", "--num-cpus=1", "--block",
          "--disable-usage-stats"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        # Ray turns token authentication on for a local cluster when a token exists; so does the worker.
-        env={**os.environ, "RAY_AUTH_MODE": "token" if _token_available() else "disabled"},
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        # Ray turns token authentication on for a local cluster when a token exists; so does the worker. Its
+        # dashboard agent gets 90 s to register, not 30: the machine is busy with the other test process (ray_start.py).
+        env={**os.environ, "RAY_AUTH_MODE": "token" if _token_available() else "disabled",
+             "RAY_agent_register_timeout_ms": "90000"},
     )  # fmt: skip
     try:
-        joined = _poll(kernel, count, lambda n: n == 2, timeout=60)
-        assert joined == 2
+        joined = _poll(kernel, count, lambda n: n == 2, timeout=150)
+        assert joined == 2, f"the node did not join; `ray start` said:\n{log.read_text()[-3000:]}"
         factors = _value(kernel, "len(dash.node_plot.y_range.factors)")
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
