@@ -25,7 +25,7 @@ RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 START_ATTEMPTS = 4
 
 
-def quieter(load: float = 1.5, most: float = 90.0) -> None:
+def quieter(load: float = 1.5, most: float = 20.0) -> None:
     """Wait, 10 s at least and ``most`` at the most, for the machine's load to fall below ``load``."""
     time.sleep(10)
     deadline = time.monotonic() + most

@@ -39,7 +39,8 @@ from jupyter_cluster.agent._protocol import Frame, read_frame, write_frame
 from .ray_start import start_head
 from .sshd import CuttableLink, SSHKeys, SSHServer, free_port, link_cutter, ssh_keys, sshd_server  # noqa: F401
 
-pytestmark = pytest.mark.timeout(300)
+#: The module's head is started by hand, and may need several tries on a busy machine (tests/ray_start.py).
+pytestmark = pytest.mark.timeout(600)
 
 OUTAGE = 45.0
 LINES = 100  # a line every 0.5 s: the outage (from 3 s to 48 s) ends a few seconds before the cell
