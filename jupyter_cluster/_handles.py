@@ -77,6 +77,14 @@ def format_size(nbytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def format_duration(seconds: float) -> str:
+    """``3.2 s``, ``4 min 05 s``, ``2 h 03 min``: how every view and result says a time."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 class ObjectHandle:
     """A value held in the cluster's object store.
 

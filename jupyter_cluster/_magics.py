@@ -222,7 +222,7 @@ def _cluster_parser() -> argparse.ArgumentParser:
     connect.add_argument("--ray-token-file", help="a file holding the Ray cluster's token (token authentication)")
     commands.add_parser("disconnect", help="detach; the agent and its work keep running")
     commands.add_parser("status", help="nodes, resources, cells and actors")
-    logs = commands.add_parser("logs", help="what the workers printed that no running cell took")
+    logs = commands.add_parser("logs", help="what Ray logged, and what the workers printed that no running cell took")
     logs.add_argument("--tail", type=int, default=200, help="how many of the latest lines (0: all the agent keeps)")
     dash = commands.add_parser("dashboard", help="a live dashboard of the cluster")
     dash.add_argument("--window", type=float, default=300.0, help="seconds of history in the time series")

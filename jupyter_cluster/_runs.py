@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from . import _views
 from ._errors import CellInterrupted, ClusterError, InputError, RemoteError, remote_error
+from ._handles import format_duration
 from .agent._runs import flat
 from .agent._space import SpaceError, check
 
@@ -126,7 +127,8 @@ class TrainResult:
     DataFrame. ``final`` holds the metrics of the last report (rank 0's), ``checkpoint``
     the last checkpoint (or None), and ``error`` the exception that ended the run (None
     when it finished): raise it to see its traceback, which points into the notebook's
-    own lines.
+    own lines. ``elapsed`` is the run time in seconds, from the call to the run's end: what
+    its live view says.
     """
 
     reports: list[dict[str, Any]]
@@ -144,7 +146,7 @@ class TrainResult:
     def __repr__(self) -> str:
         state = f"failed: {type(self.error).__name__}: {self.error}" if self.error else "done"
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in list(self.final.items())[:6])
-        return f"<TrainResult {state} in {self.elapsed:.1f} s; {len(self.reports)} reports; {shown}>"
+        return f"<TrainResult {state} in {format_duration(self.elapsed)}; {len(self.reports)} reports; {shown}>"
 
 
 @dataclass
@@ -152,11 +154,13 @@ class TuneResult:
     """What ``jc.tune`` gives back.
 
     ``best_config`` and ``best_result`` (its metrics) are those of the best trial by
-    ``metric`` and ``mode``; ``trials`` is a pandas DataFrame of every trial (config
+    ``metric`` and ``mode``, judged by each trial's last result among the trials that did not
+    fail (Ray Tune's own choice, and the live view's ``best``); ``trials`` is a pandas DataFrame of every trial (config
     columns as ``config/NAME``, state, iterations, last metrics, error); ``best_checkpoint``
     the best trial's best checkpoint (or None); ``history`` each result of each trial;
     ``failures`` the exception of each trial that raised, by trial id (raise one to see its
-    traceback, which points into the notebook's own lines).
+    traceback, which points into the notebook's own lines). ``elapsed`` is the run time in
+    seconds, from the call to the sweep's end: what its live view says.
     """
 
     best_config: dict[str, Any] | None
@@ -182,7 +186,7 @@ class TuneResult:
     def __repr__(self) -> str:
         best = _fmt(self.best_result.get(self.metric)) if self.best_result else "none"
         return (
-            f"<TuneResult {len(self.trial_rows)} trials in {self.elapsed:.1f} s; best {self.metric}={best} "
+            f"<TuneResult {len(self.trial_rows)} trials in {format_duration(self.elapsed)}; best {self.metric}={best} "
             f"with {self.best_config}>"
         )
 
@@ -211,7 +215,9 @@ class Run:
         #: The metric a sweep optimises and its mode ("min", "max"); None for a training run.
         self.metric: str | None = None
         self.mode: str | None = None
+        #: The run's time, as its view and its result both say it: from the call to the end, on this machine's clock.
         self.started = time.time()
+        self.ended: float | None = None
         self._build = build
         self._result: Any = None
         self._lock = threading.Lock()
@@ -221,7 +227,14 @@ class Run:
     def label(self) -> str:
         return self.cell.label
 
+    @property
+    def elapsed(self) -> float:
+        """Seconds from the call to the run's end (to now, while it runs)."""
+        return (self.ended or time.time()) - self.started
+
     def _on_event(self, event: str, data: Any) -> None:
+        if event in ("done", "error", "lost") and self.ended is None:
+            self.ended = time.time()
         if event == self.kind:
             with self._lock:
                 self.events.append(data)
@@ -552,7 +565,7 @@ def _train_result(run: Run, summary: dict[str, Any]) -> TrainResult:
         final=final,
         checkpoint=_checkpoint(summary.get("checkpoint"), cast("Cluster", run.cell.cluster)),
         error=error,
-        elapsed=float(summary.get("elapsed", 0.0)),
+        elapsed=run.elapsed,
         name=summary.get("name", ""),
         path=summary.get("path") or "",
     )
@@ -705,7 +718,7 @@ def _tune_result(run: Run, summary: dict[str, Any]) -> TuneResult:
         ],
         metric=spec_metric,
         mode=spec_mode,
-        elapsed=float(summary.get("elapsed", 0.0)),
+        elapsed=run.elapsed,
         name=summary.get("name", ""),
         path=summary.get("path") or "",
         failures={str(k): v for k, v in run.failures.items()},

@@ -460,8 +460,8 @@ def link_state(cluster: Cluster) -> dict[str, Any]:
 
 
 def node_state(node_id: str, node: dict[str, Any]) -> dict[str, Any]:
-    """A node's bars. CPU: its utilisation, in Ray's CPUs (50 % of 4 CPUs is 2 of 4)."""
-    cpus = float(node.get("resources", {}).get("CPU", (0.0, 0.0))[1])
+    """A node's bars. CPU: the CPUs Ray's tasks and actors hold (what the cluster's work uses, not the host's load)."""
+    used_cpus, cpus = (float(x) for x in node.get("resources", {}).get("CPU", (0.0, 0.0)))
     gpus = node.get("gpus") or {}
     gpu = gram = None
     if gpus:
@@ -473,7 +473,7 @@ def node_state(node_id: str, node: dict[str, Any]) -> dict[str, Any]:
         "address": str(node.get("address", node_id)),
         "head": bool(node.get("head")),
         "alive": not node.get("stale"),
-        "cpu": {"used": round(node.get("cpu", 0.0) / 100 * cpus, 2), "total": cpus},
+        "cpu": {"used": round(used_cpus, 2), "total": cpus},
         "gpu": gpu,
         "gram": gram,
         "ram": {"used": _mib(node.get("mem_used", 0.0)), "total": node.get("mem_total", 0.0)},
@@ -502,10 +502,12 @@ def cell_state(cell: RemoteCell) -> dict[str, Any]:
 
 
 def run_state(run: Run) -> dict[str, Any]:
-    """A run's line: its state, counts of trials (or workers) by state, its best metric."""
+    """A run's line: its state, counts of trials (or workers) by state, its best metric (a sweep's: the best
+    trial's last result, among those that did not fail, as its view and result say)."""
     cell = run.cell
     metric, mode, best = run.metric, run.mode, None
     states: dict[Any, str] = {}
+    last: dict[Any, float] = {}
     for event in list(run.events):
         kind = event.get("type")
         if run.kind == "tune" and kind == "trial":
@@ -513,8 +515,8 @@ def run_state(run: Run) -> dict[str, Any]:
         elif run.kind == "tune" and kind == "result":
             states.setdefault(event["trial"], "RUNNING")
             value = event.get("metrics", {}).get(metric)
-            if _number(value) and (best is None or (value < best if mode == "min" else value > best)):
-                best = value
+            if _number(value):
+                last[event["trial"]] = value
             if event.get("stopped"):
                 states[event["trial"]] = "STOPPED"
         elif run.kind == "train" and kind == "report":
@@ -527,6 +529,9 @@ def run_state(run: Run) -> dict[str, Any]:
                     best = metrics[metric]
         elif run.kind == "train" and kind == "error":
             states[event.get("rank")] = "ERROR"
+    scored = [value for trial, value in last.items() if states.get(trial) != "ERROR"]
+    if scored:
+        best = min(scored) if mode == "min" else max(scored)
     counts: dict[str, int] = {}
     for state in states.values():
         counts[state.lower()] = counts.get(state.lower(), 0) + 1

@@ -94,9 +94,8 @@ class ClusterStatus:
             store = format_size(res.get("object_store_memory", 0))
             if "store_used" in load:
                 store = f"{format_size(load['store_used'])} used of {store}"
-            busy = f" ({load['cpu']:.0f} % busy)" if "cpu" in load else ""
             lines.append(
-                f"  {node['address']}{head}: {res.get('CPU', 0):g} CPU{busy}, {res.get('GPU', 0):g} GPU, "
+                f"  {node['address']}{head}: {res.get('CPU', 0):g} CPU{_cpu_use(load)}, {res.get('GPU', 0):g} GPU, "
                 f"memory {format_size(res.get('memory', 0))}, object store {store}"
             )
         avail = data["available"]
@@ -213,6 +212,17 @@ def _link(status: ClusterStatus) -> str:
     return " ".join(parts)
 
 
+def _cpu_use(load: dict[str, Any]) -> str:
+    """`` (1.5 in use; host 57 % busy)``: the CPUs Ray's tasks and actors hold, then the host's load, named so (it
+    counts everything the machine runs)."""
+    parts = []
+    if "CPU" in load.get("resources", {}):
+        parts.append(f"{load['resources']['CPU'][0]:g} in use")
+    if "cpu" in load:
+        parts.append(f"host {load['cpu']:.0f} % busy")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def _node_row(node: dict[str, Any]) -> str:
     res = node.get("resources", {})
     load = node.get("load") or {}
@@ -220,8 +230,11 @@ def _node_row(node: dict[str, Any]) -> str:
     if load.get("stale"):
         name += f' <span class="jc-muted">(metrics stale: {_e(load["stale"])})</span>'
     cpu = f"{res.get('CPU', 0):g}"
+    if "CPU" in load.get("resources", {}):
+        cpu += f" · {load['resources']['CPU'][0]:g} in use"
     if "cpu" in load:
-        cpu += f" · {load['cpu']:.0f} %"
+        cpu += f' <span class="jc-muted">(host {load["cpu"]:.0f} % busy)</span>'
+
     gpus = f"{res.get('GPU', 0):g}"
     if load.get("gpus"):
         gpus += " · " + ", ".join(f"{g.get('utilization', 0):.0f} %" for _, g in sorted(load["gpus"].items()))

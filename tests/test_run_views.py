@@ -129,4 +129,4 @@ def test_trials_view_best_follows_the_mode(mode: str, best: float) -> None:
     view.on_event("tune", result("a", 1, 0.2), None)
     view.on_event("tune", result("b", 1, 0.5), None)
     found = view.best()
-    assert found is not None and found[1]["best"] == best
+    assert found is not None and found[1]["last"] == best

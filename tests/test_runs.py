@@ -16,6 +16,7 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster import CellInterrupted, InputError, RunError, SpaceError
+from jupyter_cluster._handles import format_duration
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -194,9 +195,23 @@ def train_two_workers(config: dict[str, Any]) -> None:
             raise ValueError(f"rank {rank} gave up at epoch {epoch}")
 
 
-def test_train_torch_reports_every_worker_and_fetches_the_checkpoint(cluster: jc.Cluster, tmp_path: Any) -> None:
-    result = jc.train_torch(train_two_workers, num_workers=2, config={"epochs": 3})
+@pytest.fixture
+def in_a_notebook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs draw their live view, as in a notebook."""
+    from jupyter_cluster import _cluster
+
+    monkeypatch.setattr(_cluster, "_in_kernel", lambda: True)
+
+
+def test_train_torch_reports_every_worker_and_fetches_the_checkpoint(
+    cluster: jc.Cluster, tmp_path: Any, in_a_notebook: None
+) -> None:
+    run = jc.train_torch(train_two_workers, num_workers=2, config={"epochs": 3}, block=False)
+    result = run.wait()
     assert result.error is None
+    # The live view ends with the result's own run time: one clock, one number.
+    shown = format_duration(result.elapsed)
+    assert f"run time {shown}" in run.widget.snapshot() and f"done in {shown}" in repr(result), run.widget.snapshot()
     frame = result.metrics
     assert sorted(frame["rank"]) == [0, 0, 0, 1, 1, 1]
     assert list(frame.columns[:3]) == ["rank", "report", "time"]
@@ -262,9 +277,14 @@ def trainable(config: dict[str, Any]) -> None:
         tune.report({"score": config["lr"] * i + config.get("bias", 0.0), "step": i})
 
 
-def test_tune_marks_a_trial_that_raises_and_goes_on(cluster: jc.Cluster) -> None:
+def test_tune_marks_a_trial_that_raises_and_goes_on(cluster: jc.Cluster, in_a_notebook: None) -> None:
     space = {"lr": jc.grid_search([0.1, 0.2, 0.9]), "bias": jc.uniform(0.0, 0.01)}
-    result = jc.tune(trainable, space, metric="score", mode="max")
+    run = jc.tune(trainable, space, metric="score", mode="max", block=False)
+    result = run.wait()
+    # The live view's best is the result's (the failed trial's higher peak aside), and so is its run time.
+    best = run.widget.best()
+    assert best is not None and best[1]["last"] == result.best_result["score"], (best, result.best_result)
+    assert f"run time {format_duration(result.elapsed)}" in run.widget.snapshot()
     trials = result.trials.set_index("config/lr")
     assert list(trials.loc[[0.1, 0.2], "state"]) == ["TERMINATED", "TERMINATED"]
     assert trials.loc[0.9, "state"] == "ERROR"

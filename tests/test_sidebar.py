@@ -378,10 +378,11 @@ def test_run_state_from_recorded_events() -> None:
     sweep = SimpleNamespace(kind="tune", label="jc.tune(f)", metric="loss", mode="min", started=1.0, cell=cell)
     sweep.events = events
     line = run_state(sweep)  # type: ignore[arg-type]
+    # The best trial by its last result: b's 0.3 (a peaked at 0.5 in max mode, but its last is 0.4)
     assert line["best"] == 0.3 and line["counts"] == {"stopped": 1, "running": 1, "error": 1}
     assert line["status"] == "running" and line["cell"] == "s-c9" and line["finished"] is None
     sweep.mode = "max"
-    assert run_state(sweep)["best"] == 0.5  # type: ignore[arg-type]
+    assert run_state(sweep)["best"] == 0.4  # type: ignore[arg-type]
     training = SimpleNamespace(kind="train", label="jc.train_torch(f)", metric=None, mode=None, started=1.0, cell=cell)
     training.events = [
         {"type": "report", "rank": 0, "report": 1, "metrics": {"epoch": 0, "loss": 0.9, "acc": 0.1}},

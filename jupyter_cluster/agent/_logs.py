@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from . import _raylog
 from ._progress import RAY_TQDM_MAGIC
 
 log = logging.getLogger("jupyter_cluster.agent")
@@ -255,6 +256,9 @@ def setup_worker() -> None:
         if not isinstance(sys.stdout, MarkedStream):
             sys.stdout = _stdout = MarkedStream(sys.stdout)
             sys.stderr = MarkedStream(sys.stderr)
+            # Ray's own log records and warnings: marked as Ray's in the worker's stderr (whatever a run's
+            # code later makes of sys.stderr), so that the agent keeps them out of the cells.
+            _raylog.install(_raylog.marking_sink(sys.stderr))
         patch_submissions(_worker_note)
     except Exception:  # a worker must start whatever happens here
         log.warning("could not mark this worker's output by task", exc_info=True)
@@ -323,7 +327,8 @@ class WorkerLines:
         self.floods: dict[str, _Flood] = {}
         self.last_line: dict[str, float] = {}  # cell id -> when its workers last wrote
         self.started: set[str] = set()  # cells that started work (their end waits for its last lines)
-        self.lock = threading.Lock()
+        self.ray_warnings: dict[str, int] = {}  # cell id -> Ray's warnings while it ran (its note at the end)
+        self.lock = threading.RLock()  # (re-entered where Ray logs while a line is routed)
         self.timer: threading.Timer | None = None
 
     # ----------------------------------------------------------- what cells start
@@ -378,6 +383,7 @@ class WorkerLines:
         key = (data.get("ip"), data.get("pid"), bool(data.get("is_err")))
         stream = "stderr" if key[2] else "stdout"
         prefix = _prefix(data)
+        rays_actor = (data.get("actor_name") or "").split("(", 1)[0] in _raylog.RAY_ACTORS
         now = time.time()
         out: dict[str, list[tuple[str, Any]]] = {}
         logged: list[tuple[float, str, str]] = []
@@ -393,6 +399,11 @@ class WorkerLines:
                         self._own(child, owner)
                     continue
                 if RAY_TQDM_MAGIC in line:  # Ray's progress bars: the driver cell's (see ._progress)
+                    continue
+                rays = _raylog.marked(line)
+                if rays is not None or rays_actor:  # Ray's own words: the log, and a count for the cell
+                    letter, text = rays if rays is not None else ("I", line)
+                    self._ray_said(self._cell_of(task), letter, prefix + _raylog.plain(text), stream, now, logged)
                     continue
                 cell = self._cell_of(task)
                 if cell is None and task is not None and task not in self.owners:
@@ -413,7 +424,30 @@ class WorkerLines:
 
             lines = list(filter_autoscaler_events(lines))
         prefix, now = _prefix(data), time.time()
-        self.log.add([(now, "stderr" if data.get("is_err") else "stdout", prefix + line) for line in lines])
+        stream = "stderr" if data.get("is_err") else "stdout"
+        self.log.add([(now, stream, prefix + _raylog.plain(line)) for line in lines])
+
+    def ray_stdstream(self, data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        """What Ray's driver would print of errors elsewhere (``(raylet) Task … failed``): the log."""
+        try:
+            self._ray_lines(data)
+        except Exception:
+            log.warning("could not keep a line of Ray's", exc_info=True)
+
+    def ray_logged(self, letter: str, text: str) -> None:
+        """One of Ray's log records or warnings in the agent: the log, and a count for the driver cell whose thread
+        made it."""
+        logged: list[tuple[float, str, str]] = []
+        with self.lock:
+            self._ray_said(getattr(_local, "cell", None), letter, "(driver) " + text, "stderr", time.time(), logged)
+        self.log.add(logged)
+
+    def _ray_said(
+        self, cell: str | None, letter: str, text: str, stream: str, now: float, logged: list[tuple[float, str, str]]
+    ) -> None:
+        if cell is not None and letter in _raylog.WARNING_LEVELS and self.emitter(cell) is not None:
+            self.ray_warnings[cell] = self.ray_warnings.get(cell, 0) + 1
+        logged.extend((now, stream, line) for line in text.splitlines())
 
     def _arm(self) -> None:
         """Route the waiting lines once their wait is over, should no later line come to do it (a timer thread:
@@ -495,6 +529,10 @@ class WorkerLines:
         if flood is not None and flood.over and emit is not None:
             emit("stream", [("stderr", self._over(flood.over))])
             flood.over = 0
+        with self.lock:
+            warned = self.ray_warnings.pop(cell_id, 0)
+        if warned and emit is not None:
+            emit("stream", [("display", ray_note(warned))])
 
     def forget(self, cell_id: str) -> None:
         """The cell ended: later lines of its work go to the log."""
@@ -502,6 +540,7 @@ class WorkerLines:
             self.started.discard(cell_id)
             self.last_line.pop(cell_id, None)
             self.floods.pop(cell_id, None)
+            self.ray_warnings.pop(cell_id, None)
 
     @staticmethod
     def _over(count: int) -> str:
@@ -511,13 +550,41 @@ class WorkerLines:
         )
 
 
+def ray_note(count: int) -> dict[str, str]:
+    """A cell's one quiet line on what Ray logged while it ran."""
+    text = f"Ray logged {count} warning{'s' if count != 1 else ''} while this cell ran: %cluster logs shows them."
+    return {"text/plain": text, "text/html": f'<div class="jc-ray-note" style="color:#888;font-size:85%">{text}</div>'}
+
+
 def _prefix(data: dict[str, Any]) -> str:
     """Ray's prefix of a worker's line: ``(name pid=…, ip=…)`` (the notebook is not on the head: the ip always)."""
     pid = data.get("pid")
     if pid in ("raylet", "autoscaler"):
-        return f"({pid}, ip={data.get('ip')}) "
+        return f"({pid}, ip={data['ip']}) " if data.get("ip") else f"({pid}) "
     name = data.get("actor_name") or data.get("task_name") or ""
     return f"({name + ' ' if name else ''}pid={pid}, ip={data.get('ip')}) "
+
+
+class DriverCellLogs(logging.Handler):
+    """In the agent: what a driver cell's own code logs shows in the cell, as Python shows a log record where
+    nothing was set up (warnings and up, the message alone). The agent's own records and Ray's are not the cell's."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        import sys
+
+        if (
+            getattr(_local, "cell", None) is None
+            or record.name.startswith("jupyter_cluster")
+            or _raylog.is_rays(record)
+        ):
+            return
+        try:
+            sys.stderr.write(self.format(record) + "\n")  # the cell's stderr while it runs (see ._execute)
+        except Exception:
+            self.handleError(record)
 
 
 def install(loop: asyncio.AbstractEventLoop, emitter: Callable[[str], Callable[..., None] | None]) -> WorkerLines:
@@ -527,6 +594,11 @@ def install(loop: asyncio.AbstractEventLoop, emitter: Callable[[str], Callable[.
     lines = WorkerLines(loop, emitter)
     patch_submissions(lines.note)
     worker.global_worker_stdstream_dispatcher.add_handler("jupyter_cluster_lines", lines.on_logs)
+    # Ray's words in the agent itself: its libraries' log records and warnings, and what its driver prints of
+    # errors elsewhere (a module function its error thread calls by name).
+    _raylog.install(lines.ray_logged)
+    worker.print_to_stdstream = lines.ray_stdstream
+    logging.getLogger().addHandler(DriverCellLogs())
     return lines
 
 
@@ -535,6 +607,7 @@ __all__ = [
     "MARK_TASK",
     "SETUP_HOOK",
     "ClusterLog",
+    "DriverCellLogs",
     "MarkedStream",
     "WorkerLines",
     "cell",

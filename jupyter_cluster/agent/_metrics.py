@@ -7,7 +7,9 @@ parsed with ``prometheus_client``'s parser and summed into one flat
 :class:`NodeSample`. Names and labels are those of Ray's reporter agent and its own
 dashboard panels (``ray/dashboard/modules/reporter/reporter_agent.py``,
 ``ray/dashboard/modules/metrics/dashboards/default_dashboard_panels.py``); GPU memory
-is recorded in MB although declared as bytes, as Ray's panels assume. A dashboard
+is recorded in MB although declared as bytes, as Ray's panels assume. Tasks and actors
+are the user's (``tasks``, ``actors``) or the system's (``system_tasks``, ``system_actors``:
+Ray's libraries' own actors and this project's helpers, by Ray's ``Name`` label). A dashboard
 needs only what changed: :func:`changes` gives that.
 """
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+from ._raylog import is_system
 
 #: The families drawn, and nothing else.
 FAMILIES = (
@@ -29,6 +33,8 @@ FAMILIES = (
     "ray_tasks",
     "ray_actors",
 )
+#: Tasks and actors by state: the user's, and the system's (see :func:`._raylog.is_system`).
+STATE_KINDS = ("tasks", "actors", "system_tasks", "system_actors")
 _PREFIXES = tuple(f"{name}{{" for name in FAMILIES) + tuple(f"{name} " for name in FAMILIES)
 _MB = 1 << 20
 
@@ -85,7 +91,7 @@ def summarize(text: str, kept: bool = False, cache: LineCache | None = None) -> 
 
 def summarize_samples(samples: Iterable[Sample]) -> NodeSample:
     """One node's state from its samples of the drawn families (see :func:`summarize`)."""
-    node: NodeSample = {"store": {}, "gpus": {}, "tasks": {}, "actors": {}, "resources": {}}
+    node: NodeSample = {"store": {}, "gpus": {}, "resources": {}, **{kind: {} for kind in STATE_KINDS}}
     for name, labels, value in samples:
         if name == "ray_node_cpu_utilization":
             node["cpu"] = value
@@ -103,7 +109,7 @@ def summarize_samples(samples: Iterable[Sample]) -> NodeSample:
             total += value
             node["resources"][labels.get("Name", "")] = (used, total)
         elif name in ("ray_tasks", "ray_actors"):
-            states = node[name[4:]]
+            states = node[("system_" if is_system(labels.get("Name", "")) else "") + name[4:]]
             states[labels.get("State", "")] = states.get(labels.get("State", ""), 0.0) + value
         elif name.startswith(("ray_node_gpus_", "ray_node_gram_")):
             gpu = node["gpus"].setdefault(labels.get("GpuIndex", "0"), {"name": labels.get("GpuDeviceName", "")})
@@ -129,9 +135,9 @@ def totals(nodes: Iterable[NodeSample]) -> NodeSample:
     """The cluster as one: CPU % (mean over nodes), GPU % (mean over GPUs), object store, tasks and actors."""
     nodes = list(nodes)
     gpus = [g.get("utilization", 0.0) for n in nodes for g in n.get("gpus", {}).values()]
-    merged: NodeSample = {"tasks": {}, "actors": {}}
+    merged: NodeSample = {kind: {} for kind in STATE_KINDS}
     for node in nodes:
-        for kind in ("tasks", "actors"):
+        for kind in STATE_KINDS:
             for state, count in node.get(kind, {}).items():
                 merged[kind][state] = merged[kind].get(state, 0.0) + count
     merged["cpu"] = sum(n.get("cpu", 0.0) for n in nodes) / len(nodes) if nodes else 0.0
@@ -143,6 +149,7 @@ def totals(nodes: Iterable[NodeSample]) -> NodeSample:
 
 __all__ = [
     "FAMILIES",
+    "STATE_KINDS",
     "LineCache",
     "NodeSample",
     "Sample",

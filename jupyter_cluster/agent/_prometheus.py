@@ -28,7 +28,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from ._metrics import FAMILIES, NodeSample, Sample, summarize_samples
+from ._metrics import FAMILIES, STATE_KINDS, NodeSample, Sample, summarize_samples
+from ._raylog import OWN_TASKS, RAY_ACTORS
 
 #: Ray's setting for where its dashboard finds Prometheus (and its default).
 PROMETHEUS_ENV = "RAY_PROMETHEUS_HOST"
@@ -42,10 +43,16 @@ TOTALS = {
     "gpu": "avg(ray_node_gpus_utilization{s})",
     "store_used": "sum(ray_object_store_memory{s})",
     "store_total": 'sum(ray_resources{s, Name="object_store_memory"})',
-    "tasks": "sum by (State) (ray_tasks{s})",
-    "actors": "sum by (State) (ray_actors{s})",
+    "tasks": "sum by (State) (ray_tasks{s, Name!~SYSTEM})",
+    "actors": "sum by (State) (ray_actors{s, Name!~SYSTEM})",
+    "system_tasks": "sum by (State) (ray_tasks{s, Name=~SYSTEM})",
+    "system_actors": "sum by (State) (ray_actors{s, Name=~SYSTEM})",
     "count": "count(ray_node_cpu_utilization{s})",
 }
+
+
+#: The names of the system's tasks and actors (see :func:`._raylog.is_system`), as a PromQL regex.
+SYSTEM = '"(' + "|".join(sorted(RAY_ACTORS | OWN_TASKS)) + r')(\\..*)?"'
 
 
 class PrometheusError(Exception):
@@ -62,6 +69,7 @@ def totals_query(session: str) -> str:
     parts = []
     for field, expr in TOTALS.items():
         inner = expr.replace("{s}", "{" + selector + "}").replace("{s, ", "{" + selector + ", ")
+        inner = inner.replace("~SYSTEM", "~" + SYSTEM)
         parts.append(f'label_replace({inner}, "q", "{field}", "", "")')
     return " or ".join(parts)
 
@@ -123,11 +131,11 @@ class Prometheus:
 
     def totals(self) -> NodeSample:
         """The cluster as one, as :func:`._metrics.totals` gives it, plus ``count``, the nodes it sums."""
-        merged: NodeSample = {"tasks": {}, "actors": {}, "cpu": 0.0, "gpu": None, "store_used": 0.0}
+        merged: NodeSample = {"cpu": 0.0, "gpu": None, "store_used": 0.0, **{kind: {} for kind in STATE_KINDS}}
         merged.update(store_total=0.0, count=0)
         for labels, value in self.query(totals_query(self.session)):
             field = labels.get("q", "")
-            if field in ("tasks", "actors"):
+            if field in STATE_KINDS:
                 merged[field][labels.get("State", "")] = value
             elif field == "count":
                 merged["count"] = int(value)

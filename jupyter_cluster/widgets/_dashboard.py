@@ -57,15 +57,30 @@ def _group(kind: str, state: str) -> str | None:
     return None
 
 
-def state_groups(cluster: NodeSample) -> dict[tuple[str, str], float]:
-    """``{("tasks", "running"): 3.0, ...}`` from a cluster's totals."""
+def state_groups(cluster: NodeSample, system: bool = False) -> dict[tuple[str, str], float]:
+    """``{("tasks", "running"): 3.0, ...}`` from a cluster's totals: the user's tasks and actors, or with
+    ``system`` those of Ray's libraries' own actors and this project's helpers.
+
+    Never below zero: Ray counts a task's states where it is owned and where it runs, and the
+    two gauges, read a moment apart, can sum to -1 for a state a task is leaving."""
     groups: dict[tuple[str, str], float] = {}
     for kind in GROUPS:
-        for state, count in cluster.get(kind, {}).items():
+        for state, count in cluster.get(("system_" if system else "") + kind, {}).items():
             group = _group(kind, state)
             if group is not None:
                 groups[kind, group] = groups.get((kind, group), 0.0) + count
-    return groups
+    return {key: max(0.0, round(count)) for key, count in groups.items()}
+
+
+def system_said(cluster: NodeSample) -> str:
+    """The system's work now, apart from the user's (``system: 3 actors alive, 1 task running``), or ''."""
+    groups = state_groups(cluster, system=True)
+    parts = [
+        f"{count:.0f} {kind[:-1] if count == 1 else kind} {group}"
+        for kind, group in (("actors", "alive"), ("tasks", "running"), ("tasks", "pending"))
+        if (count := groups.get((kind, group), 0.0))
+    ]
+    return "system: " + ", ".join(parts) if parts else ""
 
 
 _bokeh_loaded = False
@@ -141,11 +156,15 @@ def snapshot_html(
             gpus or "-",
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    groups = state_groups(cluster or totals(nodes.values()))
+    cluster = cluster or totals(nodes.values())
+    groups = state_groups(cluster)
     states = []
     for kind, names in GROUPS.items():
         counts = ", ".join(f"{g} {groups[kind, g]:.0f}" for g in names if groups.get((kind, g))) or "none"
         states.append(f"{kind}: {counts}")
+    system = system_said(cluster)
+    if system:
+        states.append(f"{system} (Ray's libraries and jupyter_cluster's own, not counted above)")
     title = title or f"Cluster dashboard: {len(nodes)} node(s)"
     return (
         f'<div class="jc-dashboard-snapshot"><b>{html.escape(title)}</b>'
@@ -202,7 +221,7 @@ class Dashboard(ipywidgets.VBox):
         self.node_plot.ygrid.grid_line_color = None
 
         self.state_plot = figure(
-            title="Tasks and actors",
+            title="Tasks and actors (the notebook's work)",
             y_range=self._state_factors,
             x_range=DataRange1d(start=0, range_padding=0.25),
             width=320,
@@ -276,6 +295,12 @@ class Dashboard(ipywidgets.VBox):
             parts.append(f"<span style='color:#c0392b'>stopped: {html.escape(str(data or 'closed'))}</span>")
         if stale:
             parts.append(f"<span style='color:#888'>stale: {html.escape(', '.join(stale))}</span>")
+        system = system_said(self.feed.totals())
+        if system:
+            parts.append(
+                f"<span style='color:#888' title=\"Ray's libraries' own actors and jupyter_cluster's helpers: "
+                f'not in the tasks and actors drawn">{html.escape(system)}</span>'
+            )
         if self.feed.history:
             parts.append(time.strftime("updated %H:%M:%S", time.localtime(self.feed.history[-1][0])))
         return " · ".join(parts)
@@ -492,4 +517,4 @@ def dashboard(cluster: Cluster, window: float = 300.0) -> Dashboard:
     return Dashboard(cluster, window=window)
 
 
-__all__ = ["Dashboard", "dashboard", "load_bokeh", "node_rows", "snapshot_html"]
+__all__ = ["Dashboard", "dashboard", "load_bokeh", "node_rows", "snapshot_html", "state_groups", "system_said"]

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._handles import format_duration
+
 GREEN, BLUE, RED, GREY = "#2e7d32", "#64b5f6", "#c62828", "#9e9e9e"
 
 
@@ -28,11 +30,8 @@ def _rate(count: float, seconds: float, unit: str) -> str:
 
 
 def elapsed(seconds: float) -> str:
-    """``3.2 s``, ``4 min 05 s``."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+    """``3.2 s``, ``4 min 05 s`` (as every result says it)."""
+    return format_duration(seconds)
 
 
 class _Display:

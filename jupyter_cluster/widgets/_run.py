@@ -114,6 +114,7 @@ class RunView(ipywidgets.VBox):
     # ---------------------------------------------------------------- events
     def started(self, run: Any) -> None:
         self.run = run
+        self.started_at = run.started  # one clock for the view and the result (see Run.elapsed)
         self.state = "queued"
         self.redraw(now=True)
 
@@ -134,7 +135,7 @@ class RunView(ipywidgets.VBox):
     def finish(self, state: str, run: Any, result: Any = None) -> None:
         with self._lock:
             if self.ended_at is None:
-                self.ended_at = time.time()
+                self.ended_at = getattr(run, "ended", None) or time.time()
             self.state = state
             self.ended(result)
         self.redraw(now=True)
@@ -163,7 +164,7 @@ class RunView(ipywidgets.VBox):
         parts = [
             f"<b>{html.escape(self.label)}</b>",
             f'<span style="color:{color}">{html.escape(self.state)}</span>',
-            elapsed(spent),
+            f"run time {elapsed(spent)}",
         ]
         summary = self.summary()
         if summary:

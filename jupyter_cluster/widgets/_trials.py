@@ -50,7 +50,7 @@ class TrialsView(RunView):
                 "state": "PENDING",
                 "iterations": 0,
                 "last": None,
-                "best": None,
+                "peak": None,  # its best result at any iteration (the best trial goes by its last: see best())
                 "points": [],
                 "error": "",
                 "index": len(self.trials),
@@ -87,9 +87,9 @@ class TrialsView(RunView):
         value = data["metrics"].get(self.metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             trial["last"] = value
-            better = trial["best"] is None or (value < trial["best"] if self.mode == "min" else value > trial["best"])
+            better = trial["peak"] is None or (value < trial["peak"] if self.mode == "min" else value > trial["peak"])
             if better:
-                trial["best"] = value
+                trial["peak"] = value
             trial["points"].append((float(data["iteration"]), float(value)))
             xs = [p[0] for p in trial["points"]]
             ys = [p[1] for p in trial["points"]]
@@ -126,25 +126,28 @@ class TrialsView(RunView):
         parts += [f"{n} {s.lower()}" for s, n in sorted(counts.items())]
         best = self.best()
         if best is not None:
-            parts.append(f"best {html.escape(self.metric)} {fmt(best[1]['best'])}")
+            parts.append(
+                f"best {html.escape(self.metric)} {fmt(best[1]['last'])} (trial {html.escape(best[0])}, last result)"
+            )
         return " · ".join(parts)
 
     def best(self) -> tuple[str, dict[str, Any]] | None:
-        scored = [(k, t) for k, t in self.trials.items() if t["best"] is not None]
+        """The best trial by its last result, among those that did not fail: Ray Tune's choice, and the result's."""
+        scored = [(k, t) for k, t in self.trials.items() if t["last"] is not None and t["state"] != "ERROR"]
         if not scored:
             return None
         pick = min if self.mode == "min" else max
-        return pick(scored, key=lambda kv: kv[1]["best"])
+        return pick(scored, key=lambda kv: kv[1]["last"])
 
     def table_html(self) -> str:
         if not self.trials:
             return ""
 
         def order(item: tuple[str, dict[str, Any]]) -> tuple[int, float]:
-            best = item[1]["best"]
-            if best is None:
+            last = item[1]["last"]
+            if last is None or item[1]["state"] == "ERROR":
                 return (1, 0.0)
-            return (0, best if self.mode == "min" else -best)
+            return (0, last if self.mode == "min" else -last)
 
         rows = []
         for trial_id, trial in sorted(self.trials.items(), key=order)[:MAX_ROWS]:
@@ -158,7 +161,7 @@ class TrialsView(RunView):
                 f"<tr><td>{html.escape(trial_id)}</td><td>{config}</td>"
                 f'<td style="color:{color}"{title}>{html.escape(shown)}</td><td>{trial["iterations"]}</td>'
                 f"<td>{fmt(trial['last']) if trial['last'] is not None else ''}</td>"
-                f"<td>{fmt(trial['best']) if trial['best'] is not None else ''}</td>"
+                f"<td>{fmt(trial['peak']) if trial['peak'] is not None else ''}</td>"
                 f'<td style="color:{ERRORED}">{html.escape(error[:160])}</td></tr>'
             )
         more = len(self.trials) - MAX_ROWS
@@ -168,7 +171,7 @@ class TrialsView(RunView):
             f"{TABLE_STYLE}"
             '<table class="jc-trials-table" style="font-size:12px;border-collapse:collapse">'
             "<tr><th>trial</th><th>config</th><th>state</th><th>iter</th>"
-            f"<th>last {metric}</th><th>best {metric}</th><th>error</th></tr>{''.join(rows)}{tail}</table>"
+            f"<th>last {metric}</th><th>peak {metric}</th><th>error</th></tr>{''.join(rows)}{tail}</table>"
         )
 
 

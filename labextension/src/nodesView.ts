@@ -46,7 +46,7 @@ function nodeRow(node: INodeState): HTMLElement {
       'cpu',
       cpu,
       `${formatNumber(cpu.used)}/${formatNumber(cpu.total)} CPU`,
-      'CPU cores in use'
+      "CPUs held by the cluster's running tasks and actors (Ray's logical CPUs)"
     )
   );
   if (node.gpu !== null) {
