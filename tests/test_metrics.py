@@ -79,3 +79,39 @@ def test_a_line_cache_parses_only_new_lines_and_agrees(monkeypatch: pytest.Monke
     monkeypatch.setattr(_metrics, "parse", lambda text: parsed.append(text) or real(text))
     node = summarize(busier, kept=True, cache=cache)
     assert node["cpu"] == 77.5 and parsed == [cpu.rsplit(" ", 1)[0] + " 77.5\n"]  # that line alone
+
+
+def _task_lines(rows: list[tuple[str, str, str, str, float]]) -> str:
+    return "".join(
+        f'ray_{family}{{Name="{name}",State="{state}",Source="{source}",SessionName="s"}} {value}\n'
+        for family, name, state, source, value in rows
+    )
+
+
+def test_the_systems_tasks_and_actors_are_counted_apart_and_no_count_is_negative() -> None:
+    from jupyter_cluster.widgets._dashboard import state_groups, system_said
+
+    node = summarize(
+        _task_lines(
+            [
+                ("tasks", "run_cell_task", "RUNNING", "executor", 1),
+                ("tasks", "run_cell_task", "FINISHED", "owner", 3),
+                # Ray counts a state where a task is owned and where it runs: read a moment apart, -1
+                ("tasks", "run_cell_task", "SUBMITTED_TO_WORKER", "owner", -1),
+                ("tasks", "OutputRelay.push", "FAILED", "owner", 1),  # this project's own helper
+                ("actors", "CellNamespace", "ALIVE", "gcs", 1),
+                ("actors", "TrainController", "ALIVE", "gcs", 1),  # Ray Train's own actor
+                ("actors", "OutputRelay", "DEAD", "gcs", 1),
+                ("tasks", "join_lists", "RUNNING", "executor", 1),
+            ]
+        )
+    )
+    assert node["tasks"] == {"RUNNING": 1.0, "FINISHED": 3.0, "SUBMITTED_TO_WORKER": -1.0}
+    assert node["actors"] == {"ALIVE": 1.0}
+    assert node["system_actors"] == {"ALIVE": 1.0, "DEAD": 1.0}
+    assert node["system_tasks"] == {"FAILED": 1.0, "RUNNING": 1.0}
+    groups = state_groups(totals([node]))
+    assert groups[("tasks", "pending")] == 0.0, "a count below zero is shown as none"
+    assert ("tasks", "failed") not in groups and ("actors", "dead") not in groups, "the system's failures are apart"
+    assert groups[("tasks", "finished")] == 3.0 and groups[("actors", "alive")] == 1.0
+    assert system_said(totals([node])) == "system: 1 actor alive, 1 task running"
