@@ -130,3 +130,32 @@ def test_trials_view_best_follows_the_mode(mode: str, best: float) -> None:
     view.on_event("tune", result("b", 1, 0.5), None)
     found = view.best()
     assert found is not None and found[1]["last"] == best
+
+
+def test_a_run_leaves_a_picture_of_its_curves() -> None:
+    """What a saved notebook shows where no widgets run: the final curves, as an SVG."""
+    view = TrainingView("jc.train_torch(f)", 2)
+    for number in (1, 2, 3):
+        for rank in (0, 1):
+            metrics = {"epoch": number, "loss": 1.0 / number + rank, "lr": 0.1}
+            view.on_event(
+                "train",
+                {"type": "report", "rank": rank, "report": number, "metrics": metrics, "time": time.time()},
+                None,
+            )
+    svg = view.picture()
+    assert svg.startswith("<svg") and svg.endswith("</svg>")
+    assert svg.count("<polyline") == 3, "loss per worker (they differ), lr once (they agree)"
+    assert ">loss<" in svg and ">lr<" in svg and ">rank 1<" in svg and ">epoch<" in svg
+
+    trials = TrialsView("jc.tune(f)", "score", "max")
+    trials.on_event("tune", result("a", 1, 0.2), None)
+    trials.on_event("tune", result("a", 2, 0.3, stopped=True), None)
+    trials.on_event("tune", result("b", 1, 0.5), None)
+    trials.on_event("tune", trial("c", "RUNNING"), None)
+    trials.on_event("tune", result("c", 1, 0.1), None)
+    trials.on_event("tune", trial("c", "ERROR", error="ArithmeticError: diverged"), None)
+    svg = trials.picture()
+    assert svg.count("<polyline") == 3 and 'stroke-opacity="0.55"' in svg  # a stopped trial is faded
+    assert "<path d=" in svg and 'r="4" fill="none"' in svg  # its x, and the failed trial's circle
+    assert TrialsView("jc.tune(g)", "score", "max").picture() == ""

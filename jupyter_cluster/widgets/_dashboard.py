@@ -195,6 +195,7 @@ class Dashboard(ipywidgets.VBox):
         self._token: int | None = None
         self._rows: dict[str, dict[str, int]] = {}  # node id -> metric -> row index
         self._displays: list[Any] = []
+        self._pictures: list[Any] = []
         self._lock = threading.Lock()
 
         self.bars = ColumnDataSource({"y": [], "frac": [], "text": [], "color": [], "node": []})
@@ -429,6 +430,32 @@ class Dashboard(ipywidgets.VBox):
         from IPython.display import display
 
         self._displays.append(display(self._repr_mimebundle_(), raw=True, display_id=True))
+        self._pictures.append(display({"text/plain": ""}, raw=True, display_id=True))  # filled by close()
+
+    def picture(self) -> str:
+        """The dashboard as an SVG: each drawn node's bars, and the cluster's CPU and object store over time."""
+        from ._picture import Bars, Chart, Line, charts
+
+        rows: list[tuple[str, float, str]] = []
+        colors: list[str] = []
+        for node_id in sorted(self._rows, key=lambda i: (not self.feed.nodes.get(i, {}).get("head"), i)):
+            node = self.feed.nodes.get(node_id)
+            if node is None:
+                continue
+            for metric, frac, text in node_rows(node):
+                rows.append((f"{self.labels.get(node_id, node_id)[:18]} {metric}", frac, text))
+                colors.append(_color(metric))
+        history = list(self.feed.history)
+        store = [(t, 100 * _frac(c.get("store_used", 0.0), c.get("store_total", 0.0))) for t, c in history]
+        lines = [
+            Line("CPU", [(t, c.get("cpu", 0.0)) for t, c in history], COLORS["CPU"]),
+            Line("object store", store, COLORS["object store"]),
+        ]
+        if any(c.get("gpu") is not None for _, c in history):
+            lines.append(Line("GPU", [(t, c["gpu"]) for t, c in history if c.get("gpu") is not None], COLORS["GPU"]))
+        chart = Chart("the cluster (%)", "time", lines, y_range=(0.0, 100.0), x_time=True)
+        title = f"{self.cluster.kind}: {self._nodes_said()}"
+        return charts([chart], per_row=1, bars=Bars(title, rows, colors), size=(600, 200))
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "live"
@@ -446,6 +473,12 @@ class Dashboard(ipywidgets.VBox):
         final = {"text/html": self.snapshot(), "text/plain": repr(self)}
         for handle in self._displays:
             handle.update(final, raw=True)
+        if self._pictures:
+            from ._picture import bundle
+
+            drawn = bundle(self.picture(), f"[a picture of the dashboard of {self.cluster.kind}]")
+            for handle in self._pictures:
+                handle.update(drawn, raw=True)
         self.plots.close()
         self.header.close()
         super().close()

@@ -5,7 +5,9 @@ link's thread. Plots change by ``stream`` and ``patch`` only, except when a figu
 added (a metric seen for the first time), after which every view is handed the whole
 document once (see :meth:`Dashboard._resend`). The header and the table are redrawn at
 most every :attr:`EVERY` seconds. The mime bundle carries an HTML snapshot beside the
-widget view, so a saved or converted notebook shows the run as it ended.
+widget view, and when the run ends a picture of its curves (SVG, :mod:`._picture`) fills
+the output kept for it below the view: a saved notebook read where no widgets run
+(GitHub, nbviewer) shows the run as it ended.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import ipywidgets
 
 from ._dashboard import _plots, load_bokeh
+from ._picture import bundle
 from ._progress import _later, elapsed, in_current_cell
 
 PALETTE = (
@@ -77,6 +80,7 @@ class RunView(ipywidgets.VBox):
         self._sent = 0.0
         self._scheduled = False
         self._display: Any = None
+        self._picture: Any = None
         #: ``(reported at, drawn at)`` of each report drawn (for the latency benchmark).
         self.latency: list[tuple[float, float]] = []
         self.layout_root = column(name="jupyter-cluster-run")
@@ -91,6 +95,7 @@ class RunView(ipywidgets.VBox):
         from IPython.display import display
 
         self._display = display(self._bundle(), raw=True, display_id=True)
+        self._picture = display({"text/plain": ""}, raw=True, display_id=True)  # the final picture's place
 
     def _bundle(self) -> dict[str, Any]:
         # A view made from this bundle (shown again, or the final update) starts from the
@@ -141,6 +146,11 @@ class RunView(ipywidgets.VBox):
         self.redraw(now=True)
         if self._display is not None:
             in_current_cell(self._display.update, self._bundle(), raw=True)
+        if self._picture is not None:
+            with self._lock:
+                svg = self.picture()
+            if svg:
+                in_current_cell(self._picture.update, bundle(svg, f"[a picture of {self.label}'s curves]"), raw=True)
 
     # subclasses
     kind = ""
@@ -152,6 +162,10 @@ class RunView(ipywidgets.VBox):
         pass
 
     def table_html(self) -> str:
+        return ""
+
+    def picture(self) -> str:
+        """The run's curves as an SVG ('' when there are none)."""
         return ""
 
     def summary(self) -> str:

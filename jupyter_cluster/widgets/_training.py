@@ -13,6 +13,7 @@ import html
 import time
 from typing import Any
 
+from ._picture import Chart, Line, charts
 from ._run import PALETTE, TABLE_STYLE, RunView, figure, fmt
 
 MAX_FIGURES = 6
@@ -139,6 +140,19 @@ class TrainingView(RunView):
         row = self.rows[name].index(rank)
         pts = self.points[name][rank]
         source.patch({"xs": [(row, [p[0] for p in pts])], "ys": [(row, [p[1] for p in pts])]})
+
+    def picture(self) -> str:
+        """Each drawn metric against the epoch: one line, or one per worker where they differ."""
+        panels = []
+        for name in self.sources:
+            by_rank = self.points.get(name, {})
+            ranks = sorted(by_rank) if name in self.per_worker else sorted(by_rank)[:1]
+            lines = [
+                Line(f"rank {r}" if name in self.per_worker else "all workers", by_rank[r], PALETTE[r % len(PALETTE)])
+                for r in ranks
+            ]
+            panels.append(Chart(name, self.x_name, lines))
+        return charts(panels) if panels else ""
 
     def summary(self) -> str:
         parts = [f"{self.num_workers} worker{'s' * (self.num_workers != 1)}"]

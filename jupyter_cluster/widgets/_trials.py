@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ..agent._runs import flat
+from ._picture import Chart, Line, charts
 from ._run import PALETTE, STATE_COLORS, TABLE_STYLE, RunView, figure, fmt
 
 STOPPED = "#9e9e9e"
@@ -138,6 +139,21 @@ class TrialsView(RunView):
             return None
         pick = min if self.mode == "min" else max
         return pick(scored, key=lambda kv: kv[1]["last"])
+
+    def picture(self) -> str:
+        """Every trial's metric against its iterations; stopped early: faded, an x; failed: a circle."""
+        lines = []
+        for trial_id, trial in self.trials.items():
+            if not trial["points"]:
+                continue
+            state = trial["state"]
+            color = ERRORED if state == "ERROR" else PALETTE[trial["index"] % len(PALETTE)]
+            end = "o" if state == "ERROR" else "x" if state == "STOPPED" else ""
+            lines.append(Line(trial_id, trial["points"], color, end=end, faded=state == "STOPPED"))
+        if not lines:
+            return ""
+        panel = Chart(f"{self.metric} ({self.mode}) · x: stopped early · o: failed", "iteration", lines)
+        return charts([panel], per_row=1, size=(560, 260))
 
     def table_html(self) -> str:
         if not self.trials:
