@@ -1,15 +1,21 @@
-"""The README and the user guide: every link to a file of the repository resolves, every link to a section
-names a heading that exists, and every screenshot the guide shows is committed."""
+"""The README, the user guide, the internals and CONTRIBUTING: every link to a file of the repository resolves,
+every link to a section names a heading that exists, every screenshot the guide shows is committed, and the
+guide's API reference names exactly the public names of ``jupyter_cluster.__all__``, with the functions'
+signatures as the code has them. (tests/test_guide.py runs the guide's cells.)"""
 
 from __future__ import annotations
 
+import inspect
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", ROOT / "docs" / "guide.md"]
+GUIDE = ROOT / "docs" / "guide.md"
+PAGES = [ROOT / "README.md", GUIDE, ROOT / "docs" / "internals.md", ROOT / "CONTRIBUTING.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -40,9 +46,63 @@ def test_every_link_resolves(page: Path) -> None:
 
 
 def test_the_guide_shows_screenshots_of_each_view() -> None:
-    guide = (ROOT / "docs" / "guide.md").read_text()
+    guide = GUIDE.read_text()
     shown = set(re.findall(r"!\[[^\]]*\]\(images/([^)]+)\)", guide))
     assert {"dashboard-in-jupyterlab.png", "sidebar.png", "training.png", "trials.png"} <= shown, shown
     for name in shown:
         image = ROOT / "docs" / "images" / name
         assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def _reference() -> dict[str, str]:
+    """The guide's API reference: each name it lists, with the code it shows for it (``jc.local(cpus=None, ...)``,
+    or ``jc.Cluster``). Entries are list items that open with code; a search-space item lists several."""
+    text = GUIDE.read_text()
+    section = text.split("\n## API reference\n", 1)[1].split("\n## ", 1)[0]
+    entries: dict[str, str] = {}
+    for item in re.split(r"\n(?=- )", section):
+        if not item.startswith("- `jc."):
+            continue
+        head = item.split("`:", 1)[0] + "`"  # the item's opening code spans, up to its description
+        for code in re.findall(r"`(jc\.[^`]+)`", head):
+            name = re.match(r"jc\.(\w+)", code)
+            assert name is not None and name.group(1) not in entries, f"listed twice: {code}"
+            entries[name.group(1)] = code
+    return entries
+
+
+def _signature(function: Callable[..., Any]) -> str:
+    """A function's signature as the reference writes it: no annotations, no private parameters, double quotes."""
+    signature = inspect.signature(function)
+    public = [
+        p.replace(annotation=inspect.Parameter.empty)
+        for p in signature.parameters.values()
+        if not p.name.startswith("_")
+    ]
+    plain = signature.replace(parameters=public, return_annotation=inspect.Signature.empty)
+    return str(plain).replace("'", '"')
+
+
+def test_the_api_reference_lists_every_public_name_and_no_other() -> None:
+    import jupyter_cluster as jc
+
+    listed = _reference()
+    public = set(jc.__all__)
+    assert not public - set(listed), f"public, but not in the guide's API reference: {sorted(public - set(listed))}"
+    assert not set(listed) - public, f"in the API reference, but not in __all__: {sorted(set(listed) - public)}"
+    for name, code in listed.items():
+        obj = getattr(jc, name)
+        if inspect.isfunction(obj):
+            assert code == f"jc.{name}{_signature(obj)}", f"the reference shows {code}; the code has {_signature(obj)}"
+        else:
+            assert code == f"jc.{name}", f"{code}: a class is listed by its name alone"
+
+
+def test_the_reference_check_can_fail() -> None:
+    """The parser finds what a drifted reference would show."""
+    import jupyter_cluster as jc
+
+    assert _signature(jc.sync) == '(path=None, exclude=(), max_size="100MiB")'
+    listed = _reference()
+    assert listed["local"] == "jc.local(cpus=None, gpus=None, object_store=None, runtime_env=None)"
+    assert {"choice", "uniform", "loguniform", "randint", "grid_search", "Cluster", "SyncError"} <= set(listed)
