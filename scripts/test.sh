@@ -24,7 +24,7 @@
 #      Exits with the status of the first that failed; pytest's exit code 5 (no tests collected)
 #      is reported as a failure.
 #   The tests marked slow (a minute or more each on two cores, deeper repeats of paths the default
-#   run covers; see README, "Quick start") run only with JUPYTER_CLUSTER_SLOW_TESTS=1 (or pytest's
+#   run covers; see CONTRIBUTING.md, "The tests") run only with JUPYTER_CLUSTER_SLOW_TESTS=1 (or pytest's
 #   --runslow as a PYTEST ARG).
 set -euo pipefail
 

@@ -2,7 +2,7 @@
 
 The namespace has ``ray`` and lives as long as the agent: what a driver cell starts
 (Serve applications, actors, placement groups, Ray Data pipelines) is the notebook's until
-``%cluster reset`` (:meth:`DriverCells.reset`) stops it. A cell runs on the main thread,
+``jc.current().reset_driver()`` (:meth:`DriverCells.reset`) stops it. A cell runs on the main thread,
 where an interrupt reaches it (:mod:`._interrupt`); one that ignores it is given up on after
 ``CANCEL_GRACE`` s and goes on running, which its failure says.
 """
