@@ -101,7 +101,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``slow`` run with ``--runslow`` only (dask's convention): each is a minute or more on two cores
-    and repeats, at greater depth, a path a quicker test of the default run covers (see CONTRIBUTING.md, "The tests")."""
+    and repeats, at greater depth, a path a quicker test of the default run covers (CONTRIBUTING.md, "The tests")."""
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow (or JUPYTER_CLUSTER_SLOW_TESTS=1 bash scripts/test.sh)")
