@@ -368,13 +368,14 @@ def _start(
     metric: str | None = None,
     mode: str | None = None,
     runtime_env: dict[str, Any] | None = None,
+    cpus: float = 0.0,
 ) -> Run:
     cell = cluster.run_cell(
         source,
         namespace=namespace,
         mode="actor",
         actor=f"{kind}-{uuid.uuid4().hex[:8]}",
-        cpus=0,
+        cpus=cpus,
         out=["_jc_summary"],
         label=label,
         ephemeral=True,
@@ -444,9 +445,18 @@ def train_torch(
     scheduler_creator: Callable[..., Any] | None = None,
     epochs: int | None = None,
     runtime_env: dict[str, Any] | None = None,
+    lean: bool = True,
     cluster: Cluster | None = None,
 ) -> Any:
     """Run ``train_func`` with Ray Train's ``TorchTrainer`` on ``num_workers`` workers.
+
+    ``num_workers=0`` is Ray Train's local mode: ``train_func`` runs in the run's own process on
+    the head, with a world size of 1, and no controller or worker actors start (the smallest
+    footprint: a small machine, or a quick try; its checkpoints are kept in ``storage_path`` all
+    the same). On a cluster without an autoscaler, a run leaves out Ray Train's helpers that
+    serve clusters that change (the preemption watcher, the autoscaling coordinator), and a run
+    without datasets its dataset manager (see the guide, "Training and tuning"); ``lean=False``
+    keeps every helper Ray Train starts.
 
     ``train_func`` is ordinary Ray Train code (``prepare_model``, ``prepare_data_loader``,
     ``ray.train.report``, checkpoints), defined in the notebook. Each report of each
@@ -467,7 +477,13 @@ def train_torch(
     from ._cluster import attached
 
     cluster = cluster or attached()
-    num_workers = _positive_int("num_workers", num_workers)
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise InputError(
+            f"num_workers must be a whole number (0: Ray Train's local mode, in the run's own process), "
+            f"not {num_workers!r}"
+        )
+    if num_workers == 0 and use_gpu is True:
+        raise InputError("use_gpu=True needs num_workers=1 or more: local mode (num_workers=0) runs on no GPU")
     given = {
         n: v for n, v in zip(CREATORS, (model_creator, data_creator, optimizer_creator, loss_creator)) if v is not None
     }
@@ -496,6 +512,8 @@ def train_torch(
         _check_sendable("train_func", train_func)
     if not isinstance(use_gpu, bool):
         raise InputError(f"use_gpu must be True or False, not {use_gpu!r}")
+    if not isinstance(lean, bool):
+        raise InputError(f"lean must be True or False, not {lean!r}")
     if config is not None and not isinstance(config, Mapping):
         raise InputError(f"config must be a dict (it is passed to train_func), not {type(config).__name__}")
     if datasets is not None and not isinstance(datasets, Mapping):
@@ -519,6 +537,7 @@ def train_torch(
         "storage_path": storage_path,
         "max_failures": max_failures,
         "keep_checkpoints": keep_checkpoints,
+        "lean": lean,
     }
     namespace: dict[str, Any] = {"_jc_train_func": train_func, "_jc_spec": spec}
     if datasets:
@@ -540,7 +559,9 @@ def train_torch(
     fn_name = getattr(train_func, "__name__", "creators") if train_func is not None else "creators"
     label = f"jc.train_torch({fn_name})"
     view = _view(progress, lambda: _views.views.training(label, num_workers))
-    run = _start(cluster, "train", source, namespace, label, view, _train_result, runtime_env=runtime_env)
+    # Local mode trains in the run's own process: it holds the CPUs a worker would.
+    cpus = float((resources_per_worker or {}).get("CPU", 1.0)) if num_workers == 0 else 0.0
+    run = _start(cluster, "train", source, namespace, label, view, _train_result, runtime_env=runtime_env, cpus=cpus)
     return run.wait() if block else run
 
 

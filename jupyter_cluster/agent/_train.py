@@ -49,15 +49,20 @@ def takes_config(fn: Callable[..., Any]) -> bool:
 class _Reporting:
     """Ray Train's report utilities with each report also sent to the notebook first."""
 
-    def __init__(self, inner: Any, send: Callable[[str, Any], None], rank: int, world: int) -> None:
+    def __init__(
+        self, inner: Any, send: Callable[[str, Any], None], rank: int, world: int, keep: str | None = None
+    ) -> None:
         self._inner = inner
         self._send = send
         self._rank = rank
         self._world = world
         self._count = 0
+        self._keep = keep
 
     def report(self, metrics: dict[str, Any], checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         self._count += 1
+        if checkpoint is not None and self._keep is not None:
+            checkpoint = _kept(checkpoint, self._keep, self._count)
         self._send(
             "train",
             {
@@ -76,8 +81,25 @@ class _Reporting:
         return getattr(self._inner, name)
 
 
-def wrap(train_func: Callable[..., Any], relay: str, cell_id: str) -> Callable[[dict[str, Any]], Any]:
-    """``train_func`` as each worker runs it: reports, output and errors go to the notebook."""
+def _kept(checkpoint: Any, folder: str, number: int) -> Any:
+    """Local mode's checkpoint, copied into the run's folder (Ray Train keeps a local-mode checkpoint where the
+    training function made it: a temporary folder, gone once the function's ``with`` ends)."""
+    import shutil
+
+    from ray.train import Checkpoint
+
+    kept = os.path.join(folder, f"checkpoint_{number:06d}")
+    shutil.rmtree(kept, ignore_errors=True)
+    with checkpoint.as_directory() as source:
+        shutil.copytree(source, kept)
+    return Checkpoint.from_directory(kept)
+
+
+def wrap(
+    train_func: Callable[..., Any], relay: str, cell_id: str, keep: str | None = None
+) -> Callable[[dict[str, Any]], Any]:
+    """``train_func`` as each worker runs it: reports, output and errors go to the notebook; ``keep``: the folder
+    where local mode's checkpoints are kept."""
     with_config = takes_config(train_func)
 
     def train_func_in_notebook(config: dict[str, Any]) -> Any:
@@ -90,7 +112,7 @@ def wrap(train_func: Callable[..., Any], relay: str, cell_id: str) -> Callable[[
         rank, world = context.get_world_rank(), context.get_world_size()
         send = Sender(relay, cell_id)
         utils = train_fn_utils.get_train_fn_utils()
-        train_fn_utils.set_train_fn_utils(_Reporting(utils, send, rank, world))
+        train_fn_utils.set_train_fn_utils(_Reporting(utils, send, rank, world, keep))
         prefix = f"(rank {rank}) " if world > 1 else ""
         # Ray Train sends print() to its logger as well (a second copy once stdout is
         # captured) and logs each report: the cell shows the prints once, the reports drawn.
@@ -209,8 +231,9 @@ def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> di
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = spec.get("storage_path") or DEFAULT_STORAGE
     name = spec.get("name") or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{cell_id[-6:]}"
+    keep = os.path.join(storage, name) if num_workers == 0 else None  # local mode's checkpoints
     trainer = TorchTrainer(
-        wrap(train_func, relay, cell_id),
+        wrap(train_func, relay, cell_id, keep),
         train_loop_config=spec.get("config") or {},
         scaling_config=ScalingConfig(
             num_workers=num_workers, use_gpu=bool(spec.get("use_gpu")), resources_per_worker=per_worker
@@ -225,9 +248,17 @@ def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> di
         datasets=spec.get("datasets") or None,
     )
     _without_cleaner(trainer)
+    left_out: list[str] = []
+    if num_workers > 0 and spec.get("lean", True):
+        from ._lean import lean
+
+        left_out, note = lean(trainer, bool(spec.get("datasets")))
+        if note:
+            print(note, flush=True)
     send("train", {"type": "start", "time": time.time(), "num_workers": num_workers, "name": name})
     started = time.time()
     summary: dict[str, Any] = {"name": name, "storage": storage, "node": ray.util.get_node_ip_address()}
+    summary["left_out"] = left_out
     try:
         result = trainer.fit()
     except KeyboardInterrupt:
@@ -241,7 +272,7 @@ def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> di
             error=None,
             metrics=numbers(result.metrics or {}),
             checkpoint=_checkpoint_info(result.checkpoint, result.metrics),
-            path=result.path,
+            path=result.path or keep,
         )
     summary["elapsed"] = time.time() - started
     send("train", {"type": "end", "time": time.time(), "error": summary.get("error")})

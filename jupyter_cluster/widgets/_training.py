@@ -155,7 +155,10 @@ class TrainingView(RunView):
         return charts(panels) if panels else ""
 
     def summary(self) -> str:
-        parts = [f"{self.num_workers} worker{'s' * (self.num_workers != 1)}"]
+        if self.num_workers == 0:
+            parts = ["local mode (in the run's own process)"]
+        else:
+            parts = [f"{self.num_workers} worker{'s' * (self.num_workers != 1)}"]
         if self.reports:
             parts.append(f"report {self.reports}")
         if self.errors:

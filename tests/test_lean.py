@@ -1,0 +1,138 @@
+"""Lean Ray Train runs: no helper that a fixed cluster does not need, Ray's defaults where Ray is other than expected.
+
+On the shared embedded cluster (no autoscaler): a two-worker ``jc.train_torch`` starts its controller and workers but
+no preemption watcher, autoscaling coordinator or dataset manager; local mode (``num_workers=0``) starts none of
+them and keeps its checkpoint. The Ray internals a lean run leans on are checked against the installed Ray.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster.agent import _lean
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+#: The actors of every kind a Train run may start, dead ones included (Ray's actor table keeps them).
+EVER_STARTED = """
+from ray._private import state
+
+kinds = ("RayTrainWorker", "TrainController", "PreemptionWatcher", "_AutoscalingCoordinatorActor", "DatasetManager",
+         "SynchronizationActor")
+started = sorted((a["ActorClassName"], a["ActorID"]) for a in state.actors().values()
+                 if a["ActorClassName"] in kinds)
+"""
+
+
+def started(cluster: jc.Cluster) -> set[tuple[str, str]]:
+    out = cluster.run_cell(EVER_STARTED, mode="driver", out=["started"]).result().outputs
+    return {tuple(pair) for pair in out["started"]}  # type: ignore[misc]
+
+
+def new_kinds(before: set[tuple[str, str]], after: set[tuple[str, str]]) -> list[str]:
+    return sorted({kind for kind, _ in after - before})
+
+
+def test_the_ray_internals_a_lean_run_leans_on_are_as_this_ray_has_them() -> None:
+    """Fails when Ray changes under the lean runs: check :data:`_lean.INTERNALS` in the new Ray, then add its
+    version to CHECKED_ON."""
+    import ray
+
+    assert _lean.problems() == [], f"Ray {ray.__version__}: {_lean.problems()}"
+    assert _lean.INTERNALS and all(_lean.INTERNALS.values())
+
+
+def train_two(config: dict[str, Any]) -> None:
+    import ray.train
+
+    for epoch in range(2):
+        ray.train.report({"epoch": epoch, "loss": 1.0 / (epoch + 1)})
+
+
+def test_a_two_worker_run_starts_no_helper_a_fixed_cluster_does_not_need(cluster: jc.Cluster) -> None:
+    before = started(cluster)
+    result = jc.train_torch(train_two, num_workers=2)
+    assert result.error is None and len(result.reports) == 4
+    kinds = new_kinds(before, started(cluster))
+    assert "TrainController" in kinds and "RayTrainWorker" in kinds, kinds  # the check can see a run's actors
+    for helper in ("PreemptionWatcher", "_AutoscalingCoordinatorActor", "DatasetManager"):
+        assert helper not in kinds, f"{helper} started on a cluster with no autoscaler: {kinds}"
+
+
+def train_local(config: dict[str, Any]) -> None:
+    import os
+    import tempfile
+
+    import ray.train
+    from ray.train import Checkpoint
+
+    context = ray.train.get_context()
+    print(f"rank {context.get_world_rank()} of {context.get_world_size()}")
+    for epoch in range(3):
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "state.txt"), "w") as f:
+                f.write(f"epoch {epoch}")
+            ray.train.report({"epoch": epoch, "loss": 1.0 / (epoch + 1)}, checkpoint=Checkpoint.from_directory(folder))
+
+
+def test_local_mode_starts_no_train_actor_and_keeps_its_checkpoint(cluster: jc.Cluster, capsys: Any) -> None:
+    before = started(cluster)
+    result = jc.train_torch(train_local, num_workers=0)
+    assert result.error is None
+    assert [(r["rank"], r["epoch"]) for r in result.reports] == [(0, 0), (0, 1), (0, 2)]
+    assert new_kinds(before, started(cluster)) == [], "local mode runs in the run's own process"
+    assert result.checkpoint is not None
+    folder = jc.get(result.checkpoint)  # kept, although the function's temporary folder is gone
+    assert (folder / "state.txt").read_text() == "epoch 2"
+    assert "rank 0 of 1" in capsys.readouterr().out
+
+
+def test_local_mode_is_refused_with_a_gpu_and_a_negative_count_is_named(cluster: jc.Cluster) -> None:
+    with pytest.raises(jc.InputError, match="local mode"):
+        jc.train_torch(train_local, num_workers=0, use_gpu=True)
+    with pytest.raises(jc.InputError, match=r"num_workers must be a whole number.*-1"):
+        jc.train_torch(train_local, num_workers=-1)
+
+
+def test_where_ray_differs_the_run_keeps_rays_defaults_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Trainer:
+        def _initialize_and_run_controller(self, **kwargs: Any) -> str:
+            return "ray's own"
+
+        def _create_default_callbacks(self) -> list[Any]:
+            return ["ray's callbacks"]
+
+    trainer = Trainer()
+    monkeypatch.setattr(_lean, "problems", lambda: ["coordinator: not as expected"])
+    left_out, note = _lean.lean(trainer, has_datasets=False)
+    assert left_out == [] and "uses Ray Train's defaults" in note and "coordinator: not as expected" in note
+    assert trainer._create_default_callbacks() == ["ray's callbacks"]  # untouched
+    assert trainer._initialize_and_run_controller() == "ray's own"
+
+
+def test_an_autoscaler_is_seen_from_its_monitors_command_line(cluster: jc.Cluster) -> None:
+    """Ray's monitor with an autoscaling config: an autoscaler; the embedded cluster's (none): no autoscaler."""
+    assert _lean.autoscaled() is False  # the shared embedded cluster's read-only monitor
+    fake = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            "/x/ray/autoscaler/v2/monitor.py",
+            "--autoscaling-config=/tmp/cluster.yaml",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while _lean.autoscaled() is not True:
+            assert time.monotonic() < deadline, "a monitor with an autoscaling config was not seen"
+            time.sleep(0.1)
+    finally:
+        fake.kill()
+        fake.wait()
