@@ -73,9 +73,9 @@ def problems() -> list[str]:
         )
 
     def coordinator() -> bool:
-        from ray.train.v2.api.config import ScalingConfig
         from ray.train.v2._internal.execution.scaling_policy import create_scaling_policy
         from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+        from ray.train.v2.api.config import ScalingConfig
 
         made = create_scaling_policy(ScalingConfig(num_workers=2))
         return type(made) is FixedScalingPolicy and all(
