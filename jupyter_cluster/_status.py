@@ -28,7 +28,16 @@ def started_actor(actor: dict[str, Any]) -> str:
 
 @dataclass
 class ClusterStatus:
-    """A snapshot of the cluster, as ``%cluster status`` shows it."""
+    """A snapshot of the cluster, as ``%cluster status`` shows it.
+
+    What the cluster holds, summed over its nodes, for code that sizes its work to it (None while
+    the link is down): ``cpus`` and ``gpus`` (Ray's logical ones), ``memory_total`` and
+    ``memory_used`` (bytes of RAM, as each node's Ray reports it: a container's limit where there
+    is one), and ``memory_available``, the difference.
+
+    >>> status = jc.current().status()                                    # doctest: +SKIP
+    >>> workers = 2 if status.memory_available > 3 * 2**30 else 0         # doctest: +SKIP
+    """
 
     data: dict[str, Any] | None
     kind: str
@@ -42,6 +51,34 @@ class ClusterStatus:
     launcher: str | None = None
     #: Whether this notebook ran ``ray up`` on it (``down`` then runs ``ray down``), or found it running.
     launched_here: bool = True
+
+    def _summed(self, key: str) -> float | None:
+        if self.data is None:
+            return None
+        return float(sum(((node.get("load") or {}).get(key) or 0.0) for node in self.data["nodes"]))
+
+    @property
+    def cpus(self) -> float | None:
+        return None if self.data is None else float(sum(n["resources"].get("CPU", 0) for n in self.data["nodes"]))
+
+    @property
+    def gpus(self) -> float | None:
+        return None if self.data is None else float(sum(n["resources"].get("GPU", 0) for n in self.data["nodes"]))
+
+    @property
+    def memory_total(self) -> int | None:
+        total = self._summed("mem_total")
+        return None if total is None else int(total)
+
+    @property
+    def memory_used(self) -> int | None:
+        used = self._summed("mem_used")
+        return None if used is None else int(used)
+
+    @property
+    def memory_available(self) -> int | None:
+        total, used = self.memory_total, self.memory_used
+        return None if total is None or used is None else max(0, total - used)
 
     def launcher_line(self) -> str | None:
         """Where the cluster came from, when it is one of Ray's cluster launcher."""

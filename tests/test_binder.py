@@ -135,16 +135,25 @@ def test_a_small_container_gets_a_small_store_in_tmp() -> None:
 
     binder: dict = {}
     notes = small_container(binder, 2 * 2**30, 64 * 2**20)  # Binder: 2 GiB, Docker's 64 MiB /dev/shm
-    assert binder == {"object_store_memory": int(2 * 2**30 * 0.15), "_plasma_directory": "/tmp"}, binder
-    assert notes == ["object store 307 MiB (15% of 2048 MiB)", "object store in /tmp (/dev/shm holds 64 MiB)"]
+    idle = {"num_workers_soft_limit": 0}  # an idle worker (300 MiB once it imported PyTorch) is given back
+    assert binder == {
+        "object_store_memory": int(2 * 2**30 * 0.15),
+        "_system_config": idle,
+        "_plasma_directory": "/tmp",
+    }, binder
+    assert notes == [
+        "object store 307 MiB (15% of 2048 MiB)",
+        "idle workers end after 1 s",
+        "object store in /tmp (/dev/shm holds 64 MiB)",
+    ]
     tiny: dict = {}
     small_container(tiny, 256 * 2**20, 2**30)
-    assert tiny == {"object_store_memory": STORE_MINIMUM}, "never below Ray's minimum; /dev/shm holds it"
+    assert tiny == {"object_store_memory": STORE_MINIMUM, "_system_config": idle}, "never below Ray's minimum"
     laptop: dict = {}
     assert small_container(laptop, 16 * 2**30, 8 * 2**30) == [] and laptop == {}, "a laptop is left to Ray"
     given = {"object_store_memory": 100 * 2**20}
     small_container(given, 2 * 2**30, 64 * 2**20)
-    assert given == {"object_store_memory": 100 * 2**20, "_plasma_directory": "/tmp"}, "the user's size is kept"
+    assert given == {"object_store_memory": 100 * 2**20, "_system_config": idle, "_plasma_directory": "/tmp"}
 
 
 def test_the_memory_limit_is_the_processs_own_cgroups(tmp_path: Path) -> None:

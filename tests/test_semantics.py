@@ -371,3 +371,19 @@ def test_annotations_in_a_cell_are_objects_as_in_the_notebook(cluster: jc.Cluste
     source = "def f(x: int) -> int:\n    return x\nkind = f.__annotations__['x'].__name__"
     for mode in ("task", "driver"):
         assert cluster.run_cell(source, mode=mode).result(60).outputs["kind"] == "int"
+
+
+@pytest.mark.ray
+def test_the_status_says_what_the_cluster_holds(cluster: jc.Cluster) -> None:
+    """What code sizes its work to (examples 03 and 06 choose their workers by it): CPUs, RAM used and available."""
+    from jupyter_cluster.agent._sizing import memory_limit
+
+    status = cluster.status()
+    assert status.cpus == 2 and status.gpus == 0
+    total, used, available = status.memory_total, status.memory_used, status.memory_available
+    assert total is not None and used is not None and available is not None
+    limit = memory_limit()
+    assert limit is not None and 0.5 * limit < total <= 1.01 * limit, (total, limit)  # this machine's, as Ray sees it
+    assert 0 < used < total and available == total - used
+    down = jc.ClusterStatus(None, "embedded local")
+    assert down.cpus is None and down.memory_available is None  # the link down: not known

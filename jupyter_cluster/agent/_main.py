@@ -151,7 +151,7 @@ def init_ray(args: argparse.Namespace) -> None:
     from ._output import start_relay
 
     start_relay()
-    if args.local:
+    if args.local and "_system_config" not in kwargs:  # (a small container's idle workers end at once)
         wait_for_workers(int(ray.available_resources().get("CPU", 0)))
 
 

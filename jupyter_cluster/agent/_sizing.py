@@ -6,7 +6,10 @@ the workers share; and a 64 MiB ``/dev/shm`` is below Ray's 75 MiB minimum, so R
 back to ``/tmp`` with a warning. Below :data:`SMALL` of memory the embedded cluster takes
 :data:`STORE_SHARE` of it for the store (at least Ray's minimum), and puts the store in
 ``/tmp`` at once when ``/dev/shm`` cannot hold it. An object store size given by the user
-(``%cluster local --object-store``) is kept as it is.
+(``%cluster local --object-store``) is kept as it is. There, too, Ray ends a worker process
+that has been idle for a second (``num_workers_soft_limit`` 0: Ray keeps one idle worker per
+CPU otherwise, and a worker that imported PyTorch for a task holds 300 MiB and more while it
+waits), and the agent does not start workers ahead of the first cell.
 """
 
 from __future__ import annotations
@@ -79,16 +82,22 @@ def small_container(kwargs: dict[str, Any], memory: int | None, shm: int | None)
     ``shm`` bytes; returns what it changed, in words (the agent logs it).
 
     >>> kw = {}
-    >>> small_container(kw, 2 * 2**30, 64 * 2**20)
-    ['object store 307 MiB (15% of 2048 MiB)', 'object store in /tmp (/dev/shm holds 64 MiB)']
+    >>> for note in small_container(kw, 2 * 2**30, 64 * 2**20):
+    ...     print(note)
+    object store 307 MiB (15% of 2048 MiB)
+    idle workers end after 1 s
+    object store in /tmp (/dev/shm holds 64 MiB)
     >>> kw
-    {'object_store_memory': 322122547, '_plasma_directory': '/tmp'}
+    {'object_store_memory': 322122547, '_system_config': {'num_workers_soft_limit': 0}, '_plasma_directory': '/tmp'}
     """
     notes = []
     if memory is not None and memory <= SMALL and "object_store_memory" not in kwargs:
         store = max(STORE_MINIMUM, int(memory * STORE_SHARE))
         kwargs["object_store_memory"] = store
         notes.append(f"object store {store >> 20} MiB ({STORE_SHARE:.0%} of {memory >> 20} MiB)")
+    if memory is not None and memory <= SMALL:
+        kwargs.setdefault("_system_config", {})["num_workers_soft_limit"] = 0
+        notes.append("idle workers end after 1 s")
     given = kwargs.get("object_store_memory")
     if given is not None and shm is not None and shm < given + SHM_MARGIN:
         kwargs["_plasma_directory"] = "/tmp"
