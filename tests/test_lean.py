@@ -91,6 +91,11 @@ def test_local_mode_starts_no_train_actor_and_keeps_its_checkpoint(cluster: jc.C
     folder = jc.get(result.checkpoint)  # kept, although the function's temporary folder is gone
     assert (folder / "state.txt").read_text() == "epoch 2"
     assert "rank 0 of 1" in capsys.readouterr().out
+    # It held a worker's CPU while it trained, and gives it back: no spare actor waits holding it.
+    deadline = time.monotonic() + 30
+    while cluster.status().data["available"].get("CPU") != 2:  # type: ignore[index]
+        assert time.monotonic() < deadline, cluster.status().data
+        time.sleep(0.5)
 
 
 def test_local_mode_is_refused_with_a_gpu_and_a_negative_count_is_named(cluster: jc.Cluster) -> None:

@@ -35,6 +35,14 @@ RUN_MODULES = ("ray.train.torch", "ray.tune", "jupyter_cluster.agent._train", "j
 RUN_GRACE = 30.0
 
 
+#: What a run's actor holds unless the run asks for more (a local-mode training run holds a worker's CPUs).
+RUN_OPTIONS: dict[str, Any] = {"cpus": 0, "gpus": None, "memory": None, "resources": None}
+
+
+def _held(options: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(options.get(key) or 0 for key in RUN_OPTIONS)
+
+
 @dataclass
 class ActorRecord:
     handle: Any
@@ -64,8 +72,9 @@ class ActorCells:
             )
         if record is None:
             self.runner.cluster.check_feasible(options)
-            if options.get("ephemeral") and self._spare is not None and not env:
-                record, self._spare = self._spare, None  # started and warmed up while the last run ended
+            spare = self._spare
+            if options.get("ephemeral") and spare is not None and not env and _held(options) == _held(RUN_OPTIONS):
+                record, self._spare = spare, None  # started and warmed up while the last run ended
             else:
                 record = self._new_actor(name, options)
             self.actors[name] = record
@@ -85,9 +94,15 @@ class ActorCells:
 
     def start_spare(self, options: dict[str, Any]) -> None:
         """Start the next run's actor now, with Ray Train and Ray Tune imported: a run then
-        starts without a process to spawn and seconds of imports (only once a run was made)."""
-        if self._spare is None and not options.get("runtime_env"):
-            self._spare = self._new_actor(f"run-spare-{time.monotonic_ns()}", options)
+        starts without a process to spawn and seconds of imports (only once a run was made).
+
+        It holds what a run's actor holds by default (no CPU: a local-mode run, which holds one,
+        gets an actor of its own), and none is kept in a small container, where its 250 MiB and
+        more of imports would wait idle beside the notebook's work."""
+        from ._sizing import small_machine
+
+        if self._spare is None and not options.get("runtime_env") and not small_machine():
+            self._spare = self._new_actor(f"run-spare-{time.monotonic_ns()}", {**options, **RUN_OPTIONS})
             self._spare.handle.warm.remote(RUN_MODULES)
 
     def kill(self, name: str) -> bool:

@@ -9,7 +9,8 @@ back to ``/tmp`` with a warning. Below :data:`SMALL` of memory the embedded clus
 (``%cluster local --object-store``) is kept as it is. There, too, Ray ends a worker process
 that has been idle for a second (``num_workers_soft_limit`` 0: Ray keeps one idle worker per
 CPU otherwise, and a worker that imported PyTorch for a task holds 300 MiB and more while it
-waits), and the agent does not start workers ahead of the first cell.
+waits), the agent does not start workers ahead of the first cell, and no spare actor waits,
+Ray Train imported, for the next ``jc.train_torch`` or ``jc.tune`` run.
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def shm_size(path: str = "/dev/shm") -> int | None:
         return None
 
 
+_small = False
+
+
+def small_machine() -> bool:
+    """Whether this agent's embedded cluster was sized for a small container (see :func:`small_container`)."""
+    return _small
+
+
 def small_container(kwargs: dict[str, Any], memory: int | None, shm: int | None) -> list[str]:
     """Size ``ray.init``'s ``kwargs`` (in place) for a container of ``memory`` bytes and a ``/dev/shm`` of
     ``shm`` bytes; returns what it changed, in words (the agent logs it).
@@ -96,6 +105,8 @@ def small_container(kwargs: dict[str, Any], memory: int | None, shm: int | None)
         kwargs["object_store_memory"] = store
         notes.append(f"object store {store >> 20} MiB ({STORE_SHARE:.0%} of {memory >> 20} MiB)")
     if memory is not None and memory <= SMALL:
+        global _small
+        _small = True
         kwargs.setdefault("_system_config", {})["num_workers_soft_limit"] = 0
         notes.append("idle workers end after 1 s")
     given = kwargs.get("object_store_memory")
@@ -105,4 +116,4 @@ def small_container(kwargs: dict[str, Any], memory: int | None, shm: int | None)
     return notes
 
 
-__all__ = ["cgroup_files", "memory_limit", "shm_size", "small_container"]
+__all__ = ["cgroup_files", "memory_limit", "shm_size", "small_container", "small_machine"]
