@@ -49,6 +49,7 @@ from typing import Any
 
 from ._metrics import LineCache, NodeSample, changes, keep_drawn, summarize, totals
 from ._prometheus import DEFAULT_PROMETHEUS, PROMETHEUS_ENV, Prometheus, PrometheusError
+from ._sizing import own_memory
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -340,6 +341,8 @@ class MetricsSampler:
                 sample["stale"] = _why(exc)
             sample.update(address=endpoint.address, head=endpoint.head)
             _with_capacity(sample, endpoint)
+            if node_id == self._own_node():
+                own_memory(sample)
             everyone[node_id] = sample
         self._all = everyone
         for node_id in set(self._parsed) - set(everyone):
@@ -349,6 +352,17 @@ class MetricsSampler:
         cluster["count"] = len(everyone)
         order = sorted(everyone, key=lambda i: _order(bool(everyone[i].get("head")), str(everyone[i]["address"]), i))
         return {node_id: everyone[node_id] for node_id in order[:SHOWN]}, cluster, spent
+
+    def _own_node(self) -> str | None:
+        """The node the agent runs on (its memory is read from its own cgroup where Ray read another)."""
+        if not hasattr(self, "_own"):
+            try:
+                import ray
+
+                self._own: str | None = ray.get_runtime_context().get_node_id()
+            except Exception:
+                self._own = None
+        return self._own
 
     def _read(self, node_id: str, endpoint: Endpoint) -> tuple[NodeSample, float]:
         started = time.thread_time()

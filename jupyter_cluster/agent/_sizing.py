@@ -71,6 +71,44 @@ def memory_limit(files: tuple[str, ...] | None = None) -> int | None:
     return min(limits) if limits else None
 
 
+def memory_used(files: tuple[str, ...] | None = None) -> int | None:
+    """What this process's cgroup uses now, as Ray counts a node's use (inactive file pages aside); None without
+    a limited cgroup of its own."""
+    for limit_file in files if files is not None else cgroup_files():
+        v1 = limit_file.endswith("memory.limit_in_bytes")
+        folder = os.path.dirname(limit_file)
+        usage, inactive = (
+            ("memory.usage_in_bytes", "total_inactive_file") if v1 else ("memory.current", "inactive_file")
+        )
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            if not limit.isdigit() or int(limit) >= 2**60:
+                continue
+            with open(os.path.join(folder, usage)) as f:
+                used = int(f.read().strip())
+            with open(os.path.join(folder, "memory.stat")) as f:
+                stat = dict(line.split()[:2] for line in f if line.strip())
+        except (OSError, ValueError):
+            continue
+        return max(0, used - int(stat.get(inactive, 0)))
+    return None
+
+
+def own_memory(sample: dict[str, Any]) -> None:
+    """Correct a sample of this (the agent's) node where Ray read another cgroup than the agent's own: Ray reads
+    the root of ``/sys/fs/cgroup``, which is the container's own in a container, but not in a cgroup nested below
+    it (a Binder-sized box on a bigger machine). Code that sizes its work to what the node has, and the dashboard,
+    then see the box."""
+    limit = memory_limit()
+    total = sample.get("mem_total")
+    if limit is None or not total or total <= limit * 1.05:
+        return
+    used = memory_used()
+    if used is not None:
+        sample["mem_total"], sample["mem_used"] = float(limit), float(used)
+
+
 def shm_size(path: str = "/dev/shm") -> int | None:
     try:
         return shutil.disk_usage(path).total
@@ -116,4 +154,12 @@ def small_container(kwargs: dict[str, Any], memory: int | None, shm: int | None)
     return notes
 
 
-__all__ = ["cgroup_files", "memory_limit", "shm_size", "small_container", "small_machine"]
+__all__ = [
+    "cgroup_files",
+    "memory_limit",
+    "memory_used",
+    "own_memory",
+    "shm_size",
+    "small_container",
+    "small_machine",
+]
