@@ -526,7 +526,7 @@ class ClusterMagics(Magics):
         return self._run_in_foreground(remote, ns)
 
     def _run_in_foreground(self, cell: RemoteCell, ns: dict[str, Any]) -> Any:
-        from .widgets._progress import ProgressBar, RemoteBars
+        from .widgets._progress import ProgressBar, RemoteBars, write_output
 
         bar = ProgressBar(cell.progress[1], f"{cell.label} --map") if cell.mode == "map" else None
         bars = RemoteBars()
@@ -534,7 +534,7 @@ class ClusterMagics(Magics):
         try:
             for event, data in cell.events():
                 if event == "stream":
-                    _write(data, bars)
+                    write_output(data, bars)
                 elif event == "preparing":
                     preparing.show(data)
                 elif event == "link":
@@ -554,7 +554,7 @@ class ClusterMagics(Magics):
             try:  # until it stops, or until the link is found down (a silent link is found so late)
                 for event, data in cell.events(until=lambda: link.state != "connected"):
                     if event == "stream":
-                        _write(data, bars)
+                        write_output(data, bars)
             except KeyboardInterrupt:
                 pass
             if not cell.done() and link.state != "connected":
@@ -704,17 +704,3 @@ def _unquote(text: str) -> str:
     if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return text
-
-
-def _write(batch: list[tuple[str, Any]], bars: Any = None) -> None:
-    for kind, data in batch:
-        if kind in ("stdout", "stderr") and bars is not None:
-            data = bars.feed(kind, data)
-        if kind == "stdout" and data:
-            sys.stdout.write(data)
-            sys.stdout.flush()
-        elif kind == "stderr" and data:
-            sys.stderr.write(data)
-            sys.stderr.flush()
-        elif kind == "display":
-            _display(data, raw=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sys
 import tempfile
 import threading
 import time
@@ -276,10 +275,11 @@ class Run:
 
     def wait(self) -> Any:
         """Wait in the foreground: the workers' output is printed, an interrupt cancels the run."""
+        write = _views.views.output()
         try:
             for event, data in self.cell.events():
                 if event == "stream":
-                    _write(data)
+                    write(data)
         except KeyboardInterrupt:
             self.cancel()
             try:
@@ -295,15 +295,6 @@ class Run:
     def __repr__(self) -> str:
         state = "done" if self.done() else self.cell.status
         return f"<Run {self.label} {state}>"
-
-
-def _write(batch: list[tuple[str, Any]]) -> None:
-    for kind, text in batch:
-        if kind == "stdout":
-            sys.stdout.write(text)
-        elif kind == "stderr":
-            sys.stderr.write(text)
-    sys.stdout.flush()
 
 
 #: The cell a run is: the runner on the head, with the run's inputs as its namespace.

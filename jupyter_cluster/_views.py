@@ -31,6 +31,11 @@ class Views(Protocol):
 
     def trials(self, label: str, metric: str, mode: str) -> Any: ...
 
+    def output(self) -> Callable[[list[tuple[str, Any]]], None]:
+        """What writes a batch of a cell's output (``(stdout|stderr|display, data)``) into the notebook, remote
+        progress bars drawn as bars."""
+        ...
+
 
 class _NoViews:
     """Before the package registered its widgets (only a part of it imported on its own, which Python
@@ -39,7 +44,7 @@ class _NoViews:
     def _missing(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("jupyter_cluster's widgets are not registered: import jupyter_cluster first")
 
-    progress = training = trials = _missing
+    progress = training = trials = output = _missing
 
 
 views: Views = _NoViews()

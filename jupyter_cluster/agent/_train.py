@@ -232,6 +232,12 @@ def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> di
     storage = spec.get("storage_path") or DEFAULT_STORAGE
     name = spec.get("name") or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{cell_id[-6:]}"
     keep = os.path.join(storage, name) if num_workers == 0 else None  # local mode's checkpoints
+    for dataset in (spec.get("datasets") or {}).values():
+        # Ray Data's own progress bars of each epoch's read (in the run's process, in local mode): the run's view
+        # shows the training's progress. A dataset reads with the context it was made with.
+        context = getattr(dataset, "context", None)
+        if context is not None:
+            context.enable_progress_bars = False
     trainer = TorchTrainer(
         wrap(train_func, relay, cell_id, keep),
         train_loop_config=spec.get("config") or {},

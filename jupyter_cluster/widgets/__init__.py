@@ -28,6 +28,12 @@ class NotebookViews:
 
         return TrialsView(label, metric, mode)
 
+    def output(self) -> Any:
+        from ._progress import RemoteBars, write_output
+
+        bars = RemoteBars()
+        return lambda batch: write_output(batch, bars)
+
 
 def __getattr__(name: str) -> Any:
     if name == "Dashboard":

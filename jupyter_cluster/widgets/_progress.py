@@ -273,6 +273,24 @@ class RemoteBar(_Display):
         }
 
 
+def write_output(batch: list[tuple[str, Any]], bars: RemoteBars | None = None) -> None:
+    """A batch of a cell's output, written into the notebook: its streams (the progress bars in them drawn as
+    bars, given ``bars``) and what it displays."""
+    import sys
+
+    for kind, data in batch:
+        if kind in ("stdout", "stderr") and bars is not None:
+            data = bars.feed(kind, data)
+        if kind in ("stdout", "stderr") and data:
+            stream = sys.stdout if kind == "stdout" else sys.stderr
+            stream.write(data)
+            stream.flush()
+        elif kind == "display":
+            from IPython.display import display
+
+            display(data, raw=True)
+
+
 class RemoteBars:
     """Turns the progress bars in a cell's printed output into :class:`RemoteBar` s.
 
