@@ -141,3 +141,48 @@ def test_an_autoscaler_is_seen_from_its_monitors_command_line(cluster: jc.Cluste
     finally:
         fake.kill()
         fake.wait()
+
+
+def model_creator(config: dict[str, Any]) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 3)
+
+
+def data_creator(config: dict[str, Any]) -> Any:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x = torch.randn(64, 4)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return DataLoader(TensorDataset(x, y), batch_size=16), DataLoader(TensorDataset(x, y), batch_size=64)
+
+
+def optimizer_creator(model: Any, config: dict[str, Any]) -> Any:
+    import torch
+
+    return torch.optim.SGD(model.parameters(), lr=config["lr"])
+
+
+def loss_creator(config: dict[str, Any]) -> Any:
+    import torch
+
+    return torch.nn.CrossEntropyLoss()
+
+
+def test_the_creator_style_api_in_local_mode(cluster: jc.Cluster) -> None:
+    """The older TorchTrainer's creators: training and validation loss and accuracy each epoch, a checkpoint."""
+    result = jc.train_torch(
+        model_creator=model_creator,
+        data_creator=data_creator,
+        optimizer_creator=optimizer_creator,
+        loss_creator=loss_creator,
+        config={"lr": 0.1},
+        num_workers=0,
+        epochs=3,
+    )
+    assert result.error is None and [r["epoch"] for r in result.reports] == [1, 2, 3]
+    assert {"train_loss", "train_accuracy", "val_loss", "val_accuracy"} <= set(result.final), result.final
+    assert 0.0 <= result.final["val_accuracy"] <= 1.0 and result.checkpoint is not None
+    assert sorted(p.name for p in jc.get(result.checkpoint).iterdir()) == ["model.pt"]
