@@ -1,8 +1,8 @@
 """Lean Ray Train runs: no helper that a fixed cluster does not need, Ray's defaults where Ray is other than expected.
 
-On the shared embedded cluster (no autoscaler): a two-worker ``jc.train_torch`` starts its controller and workers but
-no preemption watcher, autoscaling coordinator or dataset manager; local mode (``num_workers=0``) starts none of
-them and keeps its checkpoint. The Ray internals a lean run leans on are checked against the installed Ray.
+On the shared embedded cluster (no autoscaler; test_runs.py checks that a two-worker run starts none of the helpers
+a fixed cluster does not need): local mode (``num_workers=0``) starts no Train actor at all and keeps its checkpoint.
+The Ray internals a lean run leans on are checked against the installed Ray.
 """
 
 from __future__ import annotations
@@ -17,26 +17,9 @@ import pytest
 import jupyter_cluster as jc
 from jupyter_cluster.agent import _lean
 
+from .test_runs import kinds_started, run_actors_ever_started
+
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
-
-#: The actors of every kind a Train run may start, dead ones included (Ray's actor table keeps them).
-EVER_STARTED = """
-from ray._private import state
-
-kinds = ("RayTrainWorker", "TrainController", "PreemptionWatcher", "_AutoscalingCoordinatorActor", "DatasetManager",
-         "SynchronizationActor")
-started = sorted((a["ActorClassName"], a["ActorID"]) for a in state.actors().values()
-                 if a["ActorClassName"] in kinds)
-"""
-
-
-def started(cluster: jc.Cluster) -> set[tuple[str, str]]:
-    out = cluster.run_cell(EVER_STARTED, mode="driver", out=["started"]).result().outputs
-    return {tuple(pair) for pair in out["started"]}  # type: ignore[misc]
-
-
-def new_kinds(before: set[tuple[str, str]], after: set[tuple[str, str]]) -> list[str]:
-    return sorted({kind for kind, _ in after - before})
 
 
 def test_the_ray_internals_a_lean_run_leans_on_are_as_this_ray_has_them() -> None:
@@ -46,23 +29,6 @@ def test_the_ray_internals_a_lean_run_leans_on_are_as_this_ray_has_them() -> Non
 
     assert _lean.problems() == [], f"Ray {ray.__version__}: {_lean.problems()}"
     assert _lean.INTERNALS and all(_lean.INTERNALS.values())
-
-
-def train_two(config: dict[str, Any]) -> None:
-    import ray.train
-
-    for epoch in range(2):
-        ray.train.report({"epoch": epoch, "loss": 1.0 / (epoch + 1)})
-
-
-def test_a_two_worker_run_starts_no_helper_a_fixed_cluster_does_not_need(cluster: jc.Cluster) -> None:
-    before = started(cluster)
-    result = jc.train_torch(train_two, num_workers=2)
-    assert result.error is None and len(result.reports) == 4
-    kinds = new_kinds(before, started(cluster))
-    assert "TrainController" in kinds and "RayTrainWorker" in kinds, kinds  # the check can see a run's actors
-    for helper in ("PreemptionWatcher", "_AutoscalingCoordinatorActor", "DatasetManager"):
-        assert helper not in kinds, f"{helper} started on a cluster with no autoscaler: {kinds}"
 
 
 def train_local(config: dict[str, Any]) -> None:
@@ -82,11 +48,11 @@ def train_local(config: dict[str, Any]) -> None:
 
 
 def test_local_mode_starts_no_train_actor_and_keeps_its_checkpoint(cluster: jc.Cluster, capsys: Any) -> None:
-    before = started(cluster)
+    before = run_actors_ever_started(cluster)
     result = jc.train_torch(train_local, num_workers=0)
     assert result.error is None
     assert [(r["rank"], r["epoch"]) for r in result.reports] == [(0, 0), (0, 1), (0, 2)]
-    assert new_kinds(before, started(cluster)) == [], "local mode runs in the run's own process"
+    assert kinds_started(before, run_actors_ever_started(cluster)) == [], "local mode runs in the run's own process"
     assert result.checkpoint is not None
     folder = jc.get(result.checkpoint)  # kept, although the function's temporary folder is gone
     assert (folder / "state.txt").read_text() == "epoch 2"

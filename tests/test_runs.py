@@ -140,15 +140,24 @@ def test_a_train_func_that_cannot_be_sent_names_what_cannot(cluster: jc.Cluster)
 EVER_STARTED = """
 from ray._private import state
 
-kinds = ("RayTrainWorker", "TrainController", "ImplicitFunc")
-started = sorted(a["ActorID"] for a in state.actors().values() if any(k in a["ActorClassName"] for k in kinds))
+kinds = ("RayTrainWorker", "TrainController", "ImplicitFunc", "SynchronizationActor", "PreemptionWatcher",
+         "_AutoscalingCoordinatorActor", "DatasetManager")
+started = sorted((a["ActorClassName"], a["ActorID"]) for a in state.actors().values()
+                 if any(k in a["ActorClassName"] for k in kinds))
 """
+#: A lean run's helpers, left out on a cluster without an autoscaler and in a run without datasets (agent/_lean.py).
+LEFT_OUT = ("PreemptionWatcher", "_AutoscalingCoordinatorActor", "DatasetManager")
 
 
-def run_actors_ever_started(cluster: jc.Cluster) -> set[str]:
-    """The ids of every Train worker, Train controller and Tune trial actor this cluster
-    has ever had, dead ones included."""
-    return set(cluster.run_cell(EVER_STARTED, mode="driver", out=["started"]).result().outputs["started"])
+def run_actors_ever_started(cluster: jc.Cluster) -> set[tuple[str, str]]:
+    """``(class, id)`` of every Ray Train and Tune actor this cluster has ever had (workers, controllers, trials,
+    Ray Train's helpers), dead ones included."""
+    out = cluster.run_cell(EVER_STARTED, mode="driver", out=["started"]).result().outputs["started"]
+    return {(kind, actor) for kind, actor in out}
+
+
+def kinds_started(before: set[tuple[str, str]], after: set[tuple[str, str]]) -> list[str]:
+    return sorted({kind for kind, _ in after - before})
 
 
 def test_what_the_cluster_can_never_hold_fails_at_once(cluster: jc.Cluster) -> None:
@@ -206,9 +215,14 @@ def in_a_notebook(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_train_torch_reports_every_worker_and_fetches_the_checkpoint(
     cluster: jc.Cluster, tmp_path: Any, in_a_notebook: None
 ) -> None:
+    before = run_actors_ever_started(cluster)
     run = jc.train_torch(train_two_workers, num_workers=2, config={"epochs": 3}, block=False)
     result = run.wait()
     assert result.error is None
+    # A lean run on a cluster without an autoscaler: its controller and workers, none of the helpers left out.
+    kinds = kinds_started(before, run_actors_ever_started(cluster))
+    assert "TrainController" in kinds and "RayTrainWorker" in kinds, kinds
+    assert not set(LEFT_OUT) & set(kinds), f"a helper a fixed cluster does not need started: {kinds}"
     # The live view ends with the result's own run time: one clock, one number.
     shown = format_duration(result.elapsed)
     assert f"run time {shown}" in run.widget.snapshot() and f"done in {shown}" in repr(result), run.widget.snapshot()
