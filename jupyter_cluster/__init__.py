@@ -155,11 +155,13 @@ def sync(path: str | None = None, exclude: str | Iterable[str] = (), max_size: i
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
-    """``%load_ext jupyter_cluster``: register the magics, and the JupyterLab sidebar's comm."""
-    from ._magics import ClusterMagics
+    """``%load_ext jupyter_cluster``: register the magics (``%debug`` opens a failed remote cell's frames), and the
+    JupyterLab sidebar's comm."""
+    from ._magics import ClusterMagics, install_debug
     from ._sidebar import Sidebar
 
     ipython.register_magics(ClusterMagics)
+    install_debug(ipython)
     Sidebar.install(ipython)
 
 

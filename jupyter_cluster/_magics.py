@@ -704,3 +704,23 @@ def _unquote(text: str) -> str:
     if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return text
+
+
+def install_debug(shell: Any) -> None:
+    """``%debug`` after a failed ``%%remote`` cell opens pdb on the remote frames (:mod:`._postmortem`); after any
+    other error, and with arguments, it is IPython's own ``%debug``, as it always was."""
+    original = shell.find_line_magic("debug")
+    if original is None or getattr(original, "remote_frames", False):
+        return
+
+    def debug(line: str = "", cell: str | None = None) -> Any:
+        from ._postmortem import debug_remote
+
+        error = getattr(sys, "last_value", None)
+        if cell is None and not line.strip() and isinstance(error, RemoteError) and debug_remote(shell, error):
+            return None
+        return original(line) if cell is None else original(line, cell)
+
+    debug.__doc__ = original.__doc__
+    debug.remote_frames = True  # type: ignore[attr-defined]
+    shell.register_magic_function(debug, "line_cell", "debug")

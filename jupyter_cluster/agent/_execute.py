@@ -34,8 +34,9 @@ try:
 except ImportError:  # a head without it: Ray carries its own copy
     from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 
-from . import _logs
+from . import _logs, _snapshot
 from ._protocol import Pickled
+from ._snapshot import FrameSnapshot
 from ._sources import ModuleSource
 
 #: Where output goes: ``sink(index, batch)``, batches numbered from 0 (a relay may
@@ -44,6 +45,8 @@ from ._sources import ModuleSource
 Sink = Callable[[int, list[tuple[str, Any]]], None]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+#: The values a failing ``--map`` item's snapshot may hold (a cell's may hold :data:`_snapshot.TOTAL_BYTES`).
+MAP_SNAPSHOT_BYTES = 2 << 20
 
 
 def cell_filename(source: str) -> str:
@@ -95,6 +98,10 @@ class RemoteFailure:
     origin: str = ""
     origin_source: str = ""
     via: str = ""
+    #: The user's frames as they were when it raised (what ``%debug`` opens), outermost first; None: not taken.
+    snapshot: list[FrameSnapshot] | None = None
+    #: Where it raised (the worker's node), for what ``%debug`` says.
+    node: str = ""
 
 
 @dataclass
@@ -485,14 +492,22 @@ def _serve_detail(message: str) -> str:
         return ""
 
 
-def failure_from(exc: BaseException, source: str, cell_id: str) -> RemoteFailure:
-    """Describe ``exc`` with only the frames of user code (cell, notebook functions)."""
+def _users(filename: str) -> bool:
+    """Whether a frame of this file is the user's code (not this package's, not Ray's)."""
+    return not filename.startswith(_HERE) and f"{os.sep}ray{os.sep}" not in filename
+
+
+def failure_from(
+    exc: BaseException, source: str, cell_id: str, snapshot_bytes: int = _snapshot.TOTAL_BYTES
+) -> RemoteFailure:
+    """Describe ``exc`` with only the frames of user code (cell, notebook functions), and a snapshot of those frames
+    (``snapshot_bytes`` of values at most; none for an interrupt)."""
     cell_file = cell_filename(source)
     lines = source.splitlines()
     frames: list[tuple[str, int, str, str]] = []
     for summary in traceback.extract_tb(exc.__traceback__):
         name = summary.filename
-        if name.startswith(_HERE) or f"{os.sep}ray{os.sep}" in name:
+        if not _users(name):
             continue
         lineno = summary.lineno or 0
         text = lines[lineno - 1] if name == cell_file and 0 < lineno <= len(lines) else ""
@@ -504,14 +519,32 @@ def failure_from(exc: BaseException, source: str, cell_id: str) -> RemoteFailure
     except Exception:
         pickled = None
     cls = type(exc)
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    taken = None
+    if not interrupted and snapshot_bytes > 0:
+        try:
+            taken = _snapshot.snapshot(exc.__traceback__, _users, snapshot_bytes)
+        except Exception:  # a snapshot must never cost the error itself
+            taken = None
     return RemoteFailure(
         type_name=cls.__qualname__,
         module=cls.__module__,
         message=str(exc) + _serve_detail(str(exc)),
         frames=frames,
         exception=pickled,
-        interrupted=isinstance(exc, KeyboardInterrupt),
+        interrupted=interrupted,
+        snapshot=taken,
+        node=_node(),
     )
+
+
+def _node() -> str:
+    try:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+    except Exception:
+        return ""
 
 
 def run_in_namespace(
@@ -535,7 +568,9 @@ def run_in_namespace(
                 result = eval(last, ns)
             _show_figures(output)
     except BaseException as exc:  # KeyboardInterrupt too: it is how cancel arrives
-        outcome.failure = failure_from(exc, spec.source, spec.cell_id)
+        # A --map item's snapshot is smaller: many items may fail at once, each in a chunk of its own.
+        room = MAP_SNAPSHOT_BYTES if spec.map_name else _snapshot.TOTAL_BYTES
+        outcome.failure = failure_from(exc, spec.source, spec.cell_id, room)
     else:
         if result is not None:
             info, _ = package_value(result, spec.threshold)
