@@ -523,7 +523,7 @@ def failure_from(
     taken = None
     if not interrupted and snapshot_bytes > 0:
         try:
-            taken = _snapshot.snapshot(exc.__traceback__, _users, snapshot_bytes)
+            taken = _snapshot.snapshot(exc.__traceback__, _users, snapshot_bytes, (cell_file, _used_names(source)))
         except Exception:  # a snapshot must never cost the error itself
             taken = None
     return RemoteFailure(
@@ -536,6 +536,13 @@ def failure_from(
         snapshot=taken,
         node=_node(),
     )
+
+
+def _used_names(source: str) -> set[str]:
+    try:
+        return {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    except SyntaxError:
+        return set()
 
 
 def _node() -> str:

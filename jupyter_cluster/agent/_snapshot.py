@@ -104,9 +104,12 @@ def _args(code: types.CodeType) -> list[str]:
     return list(code.co_varnames[:count])
 
 
-def snapshot(tb: types.TracebackType | None, keep: Any, room: int = TOTAL_BYTES) -> list[FrameSnapshot]:
+def snapshot(
+    tb: types.TracebackType | None, keep: Any, room: int = TOTAL_BYTES, cell: tuple[str, set[str]] | None = None
+) -> list[FrameSnapshot]:
     """A snapshot of the frames of ``tb`` that ``keep(filename)`` says are the user's, outermost first, their values
-    ``room`` bytes at most."""
+    ``room`` bytes at most. ``cell``: the cell's file and every name its source uses (its top level runs as more
+    than one code object: the last expression apart), which its module-level frames show."""
     frames: list[FrameSnapshot] = []
     total = [room]
     while tb is not None:
@@ -118,6 +121,8 @@ def snapshot(tb: types.TracebackType | None, keep: Any, room: int = TOTAL_BYTES)
         budget = [min(FRAME_BYTES, total[0])]
         module_level = frame.f_locals is frame.f_globals
         shown = _names(code) if module_level else set(frame.f_locals)
+        if module_level and cell is not None and code.co_filename == cell[0]:
+            shown |= cell[1]
         local_values = {
             name: _value(value, budget)
             for name, value in list(frame.f_locals.items())

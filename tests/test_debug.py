@@ -1,0 +1,108 @@
+"""``%debug`` after a failed ``%%remote`` cell, through a real kernel answering pdb's prompts on stdin.
+
+The kernel is attached to the session's shared cluster (as a second notebook is); each test fails a cell of one
+mode, then answers ``%debug``'s prompts as a user types them, and reads what pdb printed.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import jupyter_cluster as jc
+
+from .kernel import Kernel, attach_second
+from .test_worker_output import _agent_of
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def kernel(_session_cluster: None) -> Iterator[Kernel]:
+    cluster = jc.current() or jc.local(cpus=2)
+    second = attach_second(*_agent_of(cluster), name="debug")
+    try:
+        yield second
+    finally:
+        second.kc.stop_channels()
+        second.km.shutdown_kernel(now=True)
+
+
+def debug(kernel: Kernel, commands: list[str], timeout: float = 60) -> str:
+    """Run ``%debug``, answering each of pdb's prompts with the next command; what it printed, colours aside."""
+    kc = kernel.kc
+    msg_id = kc.execute("%debug", allow_stdin=True)
+    answers = list(commands)
+    printed: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, "%debug did not end:\n" + "".join(printed)
+        try:
+            kc.get_stdin_msg(timeout=0.05)  # pdb's prompt: the next command
+            kc.input(answers.pop(0) if answers else "q")
+        except queue.Empty:
+            pass
+        try:
+            msg = kc.get_iopub_msg(timeout=0.05)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            printed.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            printed.append("\n".join(msg["content"]["traceback"]))
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    kernel.reply_to(msg_id)
+    assert not answers, f"pdb ended before these commands: {answers}"
+    return "\n" + re.sub(r"\x1b\[[0-9;]*m", "", "".join(printed))
+
+
+def fails(kernel: Kernel, code: str) -> None:
+    reply, _ = kernel.execute(code)
+    assert reply["status"] == "error", f"the cell was meant to fail: {reply}"
+
+
+def test_a_task_cells_frames_their_locals_source_and_caller(kernel: Kernel) -> None:
+    kernel.ok("scale = 3\ndef inner(values, divisor):\n    total = sum(values) * scale\n    return total / divisor\n")
+    fails(kernel, '%%remote\ndata = list(range(5))\nlabel = "first"\nresult = inner(data, 0)\n')
+    out = debug(kernel, ["p total", "pp sorted(locals())", "ll", "a", "w", "up", "p label", "p data", "l", "down", "q"])
+    assert "Post-mortem of Cell In[" in out, out
+    assert "inner()" in out and "----> 4     return total / divisor" in out, out  # the remote line, in its source
+    assert "\n30\n" in out, "the remote local, not a re-run" + out
+    assert "['divisor', 'total', 'values']" in out, out
+    assert "values = [0, 1, 2, 3, 4]\ndivisor = 0" in out, out  # a: the function's arguments
+    assert "result = inner(data, 0)" in out and "'first'" in out and "[0, 1, 2, 3, 4]" in out, out  # up, the caller
+    assert "_postmortem" not in out, "a frame of this package's own in the stack"
+
+
+def test_the_failing_items_loop_variable(kernel: Kernel) -> None:
+    fails(kernel, "%%remote --map i in range(6)\nroot = 10 / (i - 4)\n")
+    out = debug(kernel, ["p i", "p 10 - i", "q"])
+    assert "\n4\n" in out and "\n6\n" in out, out
+
+
+def test_an_actor_cells_local(kernel: Kernel) -> None:
+    kernel.ok("%%remote --actor debugged\nkept = {'a': 1}\n")
+    fails(kernel, "%%remote --actor debugged\nkey = 'missing'\nvalue = kept[key]\n")
+    out = debug(kernel, ["p key", "p kept", "q"])
+    assert "'missing'" in out and "{'a': 1}" in out, out
+    kernel.ok("jc.current().kill_actor('debugged')")
+
+
+def test_a_driver_cells_frames_and_a_value_that_cannot_travel(kernel: Kernel) -> None:
+    fails(kernel, "%%remote --driver\nimport threading\nlock = threading.Lock()\ncount = 7\ncount / 0\n")
+    out = debug(kernel, ["p count", "p lock", "q"])
+    assert "\n7\n" in out, out
+    assert "<unlocked _thread.lock object at" in out and "could not be pickled" in out, out
+
+
+def test_a_local_error_is_ipythons_own_debug(kernel: Kernel) -> None:
+    fails(kernel, "here = 'local'\nundefined_name\n")
+    out = debug(kernel, ["p here", "q"])
+    assert "'local'" in out and "Post-mortem" not in out, out
