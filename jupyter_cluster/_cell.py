@@ -172,6 +172,12 @@ class RemoteCell:
         self.cluster._link.request("cancel", {"cell_id": self.cell_id})
         return True
 
+    def answer(self, command: str) -> None:
+        """Send ``command`` to the debugger a ``breakpoint()`` in the cell stopped in (what the notebook's prompt
+        does when the cell runs in the foreground)."""
+        if not self.done():
+            self.cluster._link.request("answer", {"cell_id": self.cell_id, "command": command})
+
     def exception(self, timeout: float | None = None) -> BaseException | None:
         return self._future.exception(timeout)
 

@@ -535,6 +535,8 @@ class ClusterMagics(Magics):
             for event, data in cell.events():
                 if event == "stream":
                     write_output(data, bars)
+                elif event == "input":  # a breakpoint() stopped the remote code: its pdb asks for a command
+                    _debugger_prompt(cell, data)
                 elif event == "preparing":
                     preparing.show(data)
                 elif event == "link":
@@ -615,7 +617,11 @@ class ClusterMagics(Magics):
         cell.on_settle(lambda done: _bind_in_place(done, ns, previous))
 
         def listen(event: str, data: Any) -> None:
-            if event == "stream":
+            if event == "input":  # no prompt can answer an --async cell's breakpoint(): it goes on
+                area.add("stdout", data.get("text", ""))
+                area.add("stderr", "breakpoint() in an --async cell: no prompt here to drive it; it went on (c)\n")
+                cell.answer("c")
+            elif event == "stream":
                 for kind, item in data:
                     if kind == "display":
                         _display(item, raw=True)
@@ -704,6 +710,20 @@ def _unquote(text: str) -> str:
     if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return text
+
+
+def _debugger_prompt(cell: RemoteCell, data: dict[str, Any]) -> None:
+    """What pdb printed on the cluster, then its prompt, answered here as a local ``breakpoint()``'s is."""
+    from IPython.core.error import StdinNotImplementedError
+
+    sys.stdout.write(data.get("text", ""))
+    sys.stdout.flush()
+    try:
+        command = input(data.get("prompt", "(Pdb) "))
+    except (StdinNotImplementedError, EOFError):
+        print(f"breakpoint() in {cell.label}: this frontend takes no input, so nothing can drive it; it went on (c)")
+        command = "c"
+    cell.answer(command)
 
 
 def install_debug(shell: Any) -> None:

@@ -106,3 +106,95 @@ def test_a_local_error_is_ipythons_own_debug(kernel: Kernel) -> None:
     fails(kernel, "here = 'local'\nundefined_name\n")
     out = debug(kernel, ["p here", "q"])
     assert "'local'" in out and "Post-mortem" not in out, out
+
+
+# ------------------------------------------------------------------ breakpoint()
+
+
+def stopped(kernel: Kernel, code: str, commands: list[str], interrupt_at: int | None = None) -> tuple[str, str]:
+    """Run ``code`` (which stops at a ``breakpoint()``), answering pdb's prompts with ``commands`` (interrupting the
+    kernel at prompt number ``interrupt_at`` instead); the reply's status and what the cell showed."""
+    kc = kernel.kc
+    msg_id = kc.execute(code, allow_stdin=True)
+    answers = list(commands)
+    printed: list[str] = []
+    prompts = 0
+    status = ""
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, "the cell did not end:\n" + "".join(printed)
+        try:
+            kc.get_stdin_msg(timeout=0.05)
+            prompts += 1
+            if prompts == interrupt_at:
+                kernel.km.interrupt_kernel()
+            else:
+                kc.input(answers.pop(0) if answers else "c")
+        except queue.Empty:
+            pass
+        try:
+            msg = kc.get_iopub_msg(timeout=0.05)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            printed.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            printed.append("\n".join(msg["content"]["traceback"]))
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            status = kernel.reply_to(msg_id)["status"]
+            break
+    return status, "\n" + re.sub(r"\x1b\[[0-9;]*m", "", "".join(printed))
+
+
+def test_breakpoint_in_a_task_cell_stops_there_and_the_notebook_drives_it(kernel: Kernel) -> None:
+    status, out = stopped(
+        kernel,
+        "%%remote\nimport psutil\n"
+        "listening = lambda: sorted(c.laddr.port for c in psutil.Process().net_connections('inet') "
+        "if c.status == 'LISTEN')\n"
+        "before = listening()\nx = 41\nbreakpoint()\ny = x + 1\nprint('after the stop', y)\n",
+        ["p x", "l", "print('same ports:', listening() == before)", "n", "p y", "c"],
+    )
+    assert status == "ok", out
+    assert "-> y = x + 1" in out and "\n41\n" in out and "\n42\n" in out, out
+    assert "same ports: True" in out, "the stopped worker listens on a port it did not before (a debugger's)" + out
+    assert "after the stop 42" in out, out
+    assert "42" in _printed(kernel, "print(y)")
+
+
+def _printed(kernel: Kernel, code: str) -> str:
+    from .kernel import text
+
+    return text(kernel.ok(code))
+
+
+def test_an_interrupt_at_the_prompt_ends_the_stop_and_the_cell(kernel: Kernel) -> None:
+    status, out = stopped(kernel, "%%remote\nbreakpoint()\nnever = True\n", [], interrupt_at=1)
+    assert status == "error" and "cancelled the remote cell" in out, out
+    assert "never" not in _printed(kernel, "print(sorted(n for n in dir() if n == 'never'))")
+
+
+def test_a_maps_first_item_stops_and_the_others_go_on(kernel: Kernel) -> None:
+    status, out = stopped(kernel, "%%remote --map i in range(4)\nbreakpoint()\nsquare = i * i\n", ["p i", "c"])
+    assert status == "ok", out
+    assert "another item of this --map is stopped in the debugger" in out, out
+    assert "[0, 1, 4, 9]" in _printed(kernel, "print(square)")
+
+
+def test_breakpoint_in_driver_and_actor_cells_and_quitting(kernel: Kernel) -> None:
+    status, out = stopped(kernel, "%%remote --driver\nw = 'driver'\nbreakpoint()\nw2 = w * 2\n", ["p w", "c"])
+    assert status == "ok" and "'driver'" in out, out
+    assert "driverdriver" in _printed(kernel, "print(w2)")
+    status, out = stopped(kernel, "%%remote --actor stops\nk = 5\nbreakpoint()\nk2 = k\n", ["p k", "q"])
+    assert status == "error" and "\n5\n" in out and "BdbQuit" in out, out
+    kernel.ok("jc.current().kill_actor('stops')")
+
+
+def test_an_async_cells_breakpoint_goes_on_and_says_so(kernel: Kernel) -> None:
+    kernel.ok("%%remote --async\nbreakpoint()\nlater = 'went on'\n")
+    deadline = time.monotonic() + 60
+    while "went on" not in _printed(kernel, "print(later if isinstance(later, str) else 'pending')"):
+        assert time.monotonic() < deadline, "the --async cell stayed stopped"
+        time.sleep(0.5)

@@ -291,6 +291,7 @@ class CellRunner:
             if self.lines is not None:
                 self.lines.forget(spec.cell_id)
             self.output.close(spec.cell_id)
+            self.output.relay.forget.remote(spec.cell_id)
             unsettled = [h for h in outputs if self.table.is_pending(h)]
             if unsettled:  # they will never have a value: they carry the failure
                 marker = failed_outputs(spec, failure or _request_failure(spec, "the cell ended without a result"))[0]

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import hashlib
 import io
+import linecache
 import os
 import re
 import sys
@@ -34,7 +35,7 @@ try:
 except ImportError:  # a head without it: Ray carries its own copy
     from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 
-from . import _logs, _snapshot
+from . import _breakpoint, _logs, _snapshot
 from ._protocol import Pickled
 from ._snapshot import FrameSnapshot
 from ._sources import ModuleSource
@@ -414,6 +415,8 @@ def compile_cell(spec: CellSpec) -> tuple[types.CodeType, types.CodeType | None]
 def _compile(source: str, display_last: bool) -> tuple[types.CodeType, types.CodeType | None]:
     filename = cell_filename(source)
     tree = ast.parse(source, filename)
+    # The cell's lines, where this process's tracebacks and a breakpoint()'s pdb look for them.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     last: types.CodeType | None = None
     if display_last and tree.body and isinstance(tree.body[-1], ast.Expr):
         expr = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
@@ -569,7 +572,8 @@ def run_in_namespace(
     result: Any = None
     try:
         body, last = compile_cell(spec)
-        with _Capture(output, ns), _logs.cell(spec.cell_id):
+        claimant = f"{os.getpid()}-{id(ns)}"  # this run of it (a --map item's, each its own)
+        with _Capture(output, ns), _logs.cell(spec.cell_id), _breakpoint.running(spec.relay, spec.cell_id, claimant):
             exec(body, ns)
             if last is not None:
                 result = eval(last, ns)

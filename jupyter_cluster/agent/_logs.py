@@ -259,6 +259,9 @@ def setup_worker() -> None:
             # Ray's own log records and warnings: marked as Ray's in the worker's stderr (whatever a run's
             # code later makes of sys.stderr), so that the agent keeps them out of the cells.
             _raylog.install(_raylog.marking_sink(sys.stderr))
+        from . import _breakpoint
+
+        _breakpoint.install()  # breakpoint() in a cell stops it for the notebook (not Ray's debugger on a port)
         patch_submissions(_worker_note)
     except Exception:  # a worker must start whatever happens here
         log.warning("could not mark this worker's output by task", exc_info=True)
@@ -598,6 +601,9 @@ def install(loop: asyncio.AbstractEventLoop, emitter: Callable[[str], Callable[.
     # errors elsewhere (a module function its error thread calls by name).
     _raylog.install(lines.ray_logged)
     worker.print_to_stdstream = lines.ray_stdstream
+    from . import _breakpoint
+
+    _breakpoint.install()  # a --driver cell's breakpoint()
     logging.getLogger().addHandler(DriverCellLogs())
     return lines
 

@@ -241,6 +241,11 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
     async def cancel(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", runner.cancel(body["cell_id"]), final=True)
 
+    async def answer(body: dict[str, Any], session: Any, emit: Any) -> None:
+        """A command for the debugger a cell's breakpoint() stopped in (see ._breakpoint)."""
+        await runner.output.relay.answer.remote(body["cell_id"], str(body["command"]))
+        emit("done", None, final=True)
+
     async def logs(body: dict[str, Any], session: Any, emit: Any) -> None:
         lines = runner.lines
         emit("done", lines.log.tail(body.get("tail")) if lines else {"lines": [], "total": 0, "kept": 0}, final=True)
@@ -327,6 +332,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         await server.stop()
 
     return {
+        "answer": answer,
         "cancel": cancel,
         "checkpoint_files": checkpoint_files,
         "describe": describe,

@@ -260,6 +260,9 @@ class OutputRelay:
     def __init__(self) -> None:
         self._batches: list[tuple[str, int, int, list[tuple[str, Any]]]] = []
         self._ready: asyncio.Event | None = None
+        #: A cell stopped at a breakpoint() (see ._breakpoint): who holds its debugger, and its commands.
+        self._debugging: dict[str, str] = {}
+        self._commands: dict[str, asyncio.Queue[str]] = {}
 
     def _event(self) -> asyncio.Event:
         if self._ready is None:
@@ -277,6 +280,26 @@ class OutputRelay:
         self._event().clear()
         batches, self._batches = self._batches, []
         return batches
+
+    async def claim(self, cell_id: str, claimant: str) -> bool:
+        """Whether ``claimant`` (an item of the cell) may stop in the debugger: the first to ask, only."""
+        return self._debugging.setdefault(cell_id, claimant) == claimant
+
+    async def ask(self, cell_id: str, timeout: float) -> str | None:
+        """The next command for cell ``cell_id``'s debugger, once the notebook sends it (None past ``timeout``)."""
+        commands = self._commands.setdefault(cell_id, asyncio.Queue())
+        try:
+            return await asyncio.wait_for(commands.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    async def answer(self, cell_id: str, command: str) -> None:
+        self._commands.setdefault(cell_id, asyncio.Queue()).put_nowait(command)
+
+    async def forget(self, cell_id: str) -> None:
+        """The cell ended: its debugger's state goes."""
+        self._debugging.pop(cell_id, None)
+        self._commands.pop(cell_id, None)
 
 
 __all__ = [
