@@ -134,6 +134,19 @@ def dashboard(window: float = 300.0, prometheus: str | bool | None = None) -> An
     return Dashboard(cluster, window=window)
 
 
+def timeline(cell: Any = None) -> Any:
+    """The tasks and actor calls a ``%%remote`` cell ran, from Ray's task events: a :class:`Timeline` (a Gantt, a
+    lane per worker; ``.spans`` a DataFrame; ``.to_chrome_trace(path)`` for Perfetto). ``cell``: the last cell run
+    (None), the cell ``In[N]`` (``N``), or a :class:`RemoteCell`.
+
+    >>> jc.timeline()                       # doctest: +SKIP
+    >>> jc.timeline(5).spans.head()         # doctest: +SKIP
+    """
+    from .widgets import Timeline
+
+    return Timeline(_attached().timeline(cell))
+
+
 def forward(port: int, local: int | None = None) -> str:
     """Reach ``port`` on the head's loopback (Ray Serve, TensorBoard) from this machine:
     an SSH port forward, or the port itself on the embedded cluster; returns the URL
@@ -208,6 +221,7 @@ __all__ = [
     "randint",
     "submit",
     "sync",
+    "timeline",
     "train_torch",
     "tune",
     "uniform",

@@ -17,6 +17,7 @@ import os
 import platform
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
@@ -72,6 +73,10 @@ def python_mismatch(kernel: str, head: str) -> str | None:
     )
 
 
+#: How many cells a cluster names by their labels (for timelines).
+HISTORY_KEPT = 1_000
+
+
 class Cluster:
     """A Ray cluster this notebook is attached to.
 
@@ -95,6 +100,8 @@ class Cluster:
         self.kind = kind
         self.threshold = threshold
         self.cells: dict[str, RemoteCell] = {}
+        #: The cells sent, latest last: cell id -> label (the last :data:`HISTORY_KEPT`; what timelines name).
+        self.history: OrderedDict[str, str] = OrderedDict()
         #: Called by :meth:`down`, last first: each stops something this cluster started.
         self.stoppers: list[Callable[[], None]] = []
         #: The Ray dashboard, forwarded to this machine (SSH clusters).
@@ -294,6 +301,9 @@ class Cluster:
         if mode == "map":
             cell.progress = (0, len(items))
         self.cells[cell_id] = cell
+        self.history[cell_id] = label
+        while len(self.history) > HISTORY_KEPT:
+            self.history.popitem(last=False)
         cell.add_done_callback(self._forget_cell)
         try:
             self._link.request("run_cell", body, cell._on_event)
@@ -734,6 +744,29 @@ class Cluster:
         return ClusterStatus(
             data, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher, self.launched_here
         )
+
+    def timeline(self, cell: Any = None) -> dict[str, Any]:
+        """What cell ``cell`` ran (see :func:`jupyter_cluster.timeline`): its label and start, and a span per task
+        and actor call, from Ray's task events. ``cell``: None (the last cell sent), ``N`` (the cell ``In[N]``), a
+        :class:`RemoteCell`, or a cell id."""
+        return cast("dict[str, Any]", self._link.call("timeline", {"cell_id": self._cell_id_of(cell)}, timeout=90))
+
+    def _cell_id_of(self, cell: Any) -> str:
+        if isinstance(cell, RemoteCell):
+            return cell.cell_id
+        if cell is None:
+            if not self.history:
+                raise InputError("no %%remote cell has run on this cluster yet: a timeline is a cell's")
+            return next(reversed(self.history))
+        if isinstance(cell, int) and not isinstance(cell, bool):
+            label = f"Cell In[{cell}]"
+            found = [cell_id for cell_id, shown in self.history.items() if shown == label]
+            if not found:
+                raise InputError(f"no %%remote cell In[{cell}] ran on this cluster (give a cell's number, or none)")
+            return found[-1]
+        if isinstance(cell, str) and cell in self.history:
+            return cell
+        raise InputError(f"timeline(cell=...) takes a cell's number (In[N]), a RemoteCell or None; got {cell!r}")
 
     def logs(self, tail: int | None = 200) -> ClusterLogs:
         """What the cluster's workers printed that no running cell could take: lines of work a cell started

@@ -25,7 +25,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import _cluster, _environment
 from ._cell import CellResult, RemoteCell
-from ._errors import CellInterrupted, CellSourceError, ClusterError, RemoteError, plain
+from ._errors import CellInterrupted, CellSourceError, ClusterError, InputError, RemoteError, plain
 from ._handles import parse_size
 from .widgets._progress import in_current_cell
 
@@ -236,6 +236,8 @@ def _cluster_parser() -> argparse.ArgumentParser:
     sync.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="leave these out (repeatable)")
     sync.add_argument("--max-size", default="100MiB", help="refuse a folder larger than this (default 100MiB)")
     sync.add_argument("--off", action="store_true", help="stop running cells in the synced folder")
+    timeline = commands.add_parser("timeline", help="the tasks and actor calls a %%%%remote cell ran, as a Gantt")
+    timeline.add_argument("cell", nargs="?", type=int, help="the cell's number, N of In[N] (default: the last cell)")
     commands.add_parser("down", help="stop what `local` or `up` started")
     forward = commands.add_parser("forward", help="reach a port of the head from here (Serve, TensorBoard)")
     forward.add_argument("port", help="the port on the head's loopback")
@@ -288,6 +290,13 @@ class ClusterMagics(Magics):
             if args.prometheus is not None:
                 attached.metrics_source(False if args.prometheus.lower() == "off" else args.prometheus)
             return Dashboard(attached, window=args.window)
+        elif args.command == "timeline":
+            from .widgets import Timeline
+
+            try:
+                return Timeline(self._attached().timeline(args.cell))
+            except InputError as exc:
+                raise UsageError(f"%cluster timeline: {exc}") from None
         elif args.command == "down":
             stopping = _cluster.current()
             if stopping is None:
@@ -315,7 +324,7 @@ class ClusterMagics(Magics):
                 raise UsageError(f"%cluster sync: {exc}") from None
             print(repr(result)[1:-1])
         else:
-            commands = "local, connect, up, disconnect, status, logs, dashboard, forward, sync or down"
+            commands = "local, connect, up, disconnect, status, logs, dashboard, timeline, forward, sync or down"
             raise UsageError(f"%cluster needs a command: {commands}\n{_cluster_parser().format_usage()}")
 
     def _forward(self, args: argparse.Namespace) -> None:

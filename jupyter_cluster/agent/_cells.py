@@ -17,6 +17,7 @@ import asyncio
 import logging
 import pickle
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
 
@@ -103,6 +104,10 @@ class TaskCells:
                     pass
 
 
+#: How many ended cells the agent remembers (for their timelines).
+ENDED_KEPT = 1_000
+
+
 class CellRunner:
     """Runs cells and keeps the objects and actors of the notebooks attached."""
 
@@ -121,6 +126,8 @@ class CellRunner:
         #: Each session's runtime_env (set by the agent; see ._environment), and its synced folder (._sync).
         self.envs = Environments()
         self.synced: Any = None
+        #: The cells that ended, latest last: their label, mode, start and end (what a timeline is drawn against).
+        self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.actor_cells = ActorCells(self)
         self.driver_cells = DriverCells(self)
         self.modes: dict[str, Mode] = {
@@ -134,6 +141,21 @@ class CellRunner:
     def driver_ns(self) -> dict[str, Any]:
         """The namespace of ``--driver`` cells."""
         return self.driver_cells.namespace
+
+    def timeline(self, cell_id: str) -> dict[str, Any]:
+        """The tasks and actor calls cell ``cell_id`` ran (see ._timeline); run off the event loop."""
+        from ._timeline import spans
+
+        cell = self.running.get(cell_id)
+        known = (
+            {"label": cell.spec.label, "mode": cell.mode, "start": cell.started, "end": None}
+            if cell is not None
+            else self.ended.get(cell_id)
+        )
+        if known is None:
+            raise CellRequestError(f"the agent knows no cell {cell_id} (it keeps the last {ENDED_KEPT:,})")
+        tasks = self.lines.tasks_of(cell_id) if self.lines is not None else set()
+        return {**known, "cell_id": cell_id, "spans": spans(tasks)}
 
     def kill_actor(self, name: str) -> bool:
         """Kill actor ``name`` (its namespace and whatever it runs); False if there is none."""
@@ -288,6 +310,9 @@ class CellRunner:
             if options.get("ephemeral") and cell.actor:
                 self.actor_cells.end_run(cell)
             self.running.pop(spec.cell_id, None)
+            self.ended[spec.cell_id] = {"label": spec.label, "mode": mode, "start": cell.started, "end": time.time()}
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
             if self.lines is not None:
                 self.lines.forget(spec.cell_id)
             self.output.close(spec.cell_id)

@@ -347,6 +347,13 @@ class WorkerLines:
         with self.lock:
             self._own(task, owner, started)
 
+    def tasks_of(self, cell_id: str) -> set[str]:
+        """Every task the agent knows for cell ``cell_id``'s: its own, and all its work started, nested ones too (off
+        the event loop: it reads every task the agent remembers)."""
+        with self.lock:
+            owners = list(self.owners)
+        return {task for task in owners if self._cell_of(task) == cell_id}
+
     def mark_started(self, cell_id: str) -> None:
         """The cell's code started work (its workers said so): its end waits for that work's last lines."""
         with self.lock:

@@ -241,6 +241,9 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
     async def cancel(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", runner.cancel(body["cell_id"]), final=True)
 
+    async def timeline(body: dict[str, Any], session: Any, emit: Any) -> None:
+        emit("done", await asyncio.to_thread(runner.timeline, body["cell_id"]), final=True)
+
     async def answer(body: dict[str, Any], session: Any, emit: Any) -> None:
         """A command for the debugger a cell's breakpoint() stopped in (see ._breakpoint)."""
         await runner.output.relay.answer.remote(body["cell_id"], str(body["command"]))
@@ -349,6 +352,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         "shutdown": shutdown,
         "status": status,
         "submit": submit,
+        "timeline": timeline,
         "sync_commit": sync_commit,
         "sync_off": sync_off,
         "sync_plan": sync_plan,

@@ -150,6 +150,8 @@ class MapCells:
             submit_chunks, remote, spec_bytes, items, size, args, lambda: bool(cell.cancelled)
         )
         cell.refs = [refs[0] for refs in submitted]
+        for refs in submitted:  # each chunk is the cell's own work (its timeline; at most MAX_CHUNKS)
+            runner.note_work(cell, refs)
         if cell.cancelled:  # while the chunks were being submitted: stop those that were
             self.stop(cell, force=False)
         cell.emit("started", {"mode": "map", "items": len(items), "chunks": len(submitted)})

@@ -40,7 +40,11 @@ def __getattr__(name: str) -> Any:
         from ._dashboard import Dashboard
 
         return Dashboard
+    if name == "Timeline":
+        from ._timeline import Timeline
+
+        return Timeline
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Dashboard", "NotebookViews"]
+__all__ = ["Dashboard", "NotebookViews", "Timeline"]

@@ -217,4 +217,41 @@ def bundle(svg: str, text: str) -> dict[str, str]:
     return {"image/svg+xml": svg, "text/plain": text}
 
 
-__all__ = ["Bars", "Chart", "Line", "bundle", "charts", "label", "ticks"]
+def gantt(
+    lanes: list[str], bars: list[tuple[int, float, float, str, str]], title: str, span: float = 0.0, width: int = 760
+) -> str:
+    """An SVG of ``bars`` (lane index, start, end in seconds, colour, hover text) on ``lanes``, one row each, over
+    ``span`` seconds at least; each bar's hover text is its SVG title (what a browser shows over it)."""
+    row, left, top = 18, 170, 28
+    plot_w = width - left - 16
+    height = top + row * max(1, len(lanes)) + 34
+    end = max(span, max((b[2] for b in bars), default=1.0)) or 1.0
+    out = [f'<text x="6" y="16" {FONT} font-weight="bold">{html.escape(title)}</text>']
+    for index, lane in enumerate(lanes):
+        y = top + row * index
+        out.append(
+            f'<text x="{left - 6}" y="{y + 12}" {FONT} fill="#333" text-anchor="end">{html.escape(lane[:28])}</text>'
+        )
+        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y + row - 1}" y2="{y + row - 1}" stroke="{GRID}"/>')
+    for at, start, stop, color, text in bars:
+        x = left + start / end * plot_w
+        w = max(1.0, (stop - start) / end * plot_w)
+        y = top + row * at + 2
+        out.append(
+            f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 5}" fill="{color}">'
+            f"<title>{html.escape(text)}</title></rect>"
+        )
+    axis_y = top + row * max(1, len(lanes)) + 4
+    for value in ticks(0.0, end):
+        x = left + value / end * plot_w
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{axis_y}" y2="{axis_y + 3}" stroke="{AXIS}"/>')
+        out.append(
+            f'<text x="{x:.1f}" y="{axis_y + 14}" {FONT} fill="{AXIS}" text-anchor="middle">{label(value)} s</text>'
+        )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+        f'<rect width="{width}" height="{height}" fill="white"/>' + "".join(out) + "</svg>"
+    )
+
+
+__all__ = ["Bars", "Chart", "Line", "bundle", "charts", "gantt", "label", "ticks"]
