@@ -1,15 +1,17 @@
 """Every notebook in examples/ runs top to bottom in a real kernel, without an error.
 
 Each notebook starts its own embedded cluster in its own kernel (through nbclient), so
-this module does not use the shared test cluster. Besides "no cell raised", the
-quickstart's own checks are looked for in its output: the parallel timing checks,
-the counter actors and the map-reduce.
+this module does not use the shared test cluster. Besides "no cell raised", what each
+notebook's prose says is looked for in its outputs (the notebooks hold no asserts of their
+own): the texts of EXPECTED, the claims :func:`_claims` reads numbers for, and the static
+views :func:`_static_views` looks for in the HTML a reader without a kernel sees.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,32 +36,34 @@ def _run_example() -> Any:
 #: The example notebooks, as scripts/run_example.py --all finds them.
 NOTEBOOKS: list[Path] = _run_example().examples()
 
-#: Text each notebook must print (in stdout or a displayed value), besides running cleanly.
+#: Text each notebook must print (in stdout or a displayed value), besides running cleanly: what its prose says.
 EXPECTED: dict[str, list[str]] = {
     "01-quickstart.ipynb": [
         "Attached to <Cluster embedded local",
-        "parallel tasks: OK",
-        "parallel ray.remote tasks: OK",
-        "499999500000",
-        "a 1.2 s task finished; 0 still running",
-        "<remote ndarray float64 (500, 500)",
-        "counter actor: 4",
-        "ray actor counter: 4",
-        "both ways agree",
-        "Cell In[",  # the --map bar's summary: "Cell In[n] --map: 200/200 items done in ..."
-        "200/200 items done in",
-        "jc.map(work): 8/8 calls done in",
-        "8 calls finished",
-        "remote loop: 100% 20/20",
-        "dashboard: 1 node(s)",
+        "--map: 4/4 items done in",  # the --map bar's summary: "Cell In[n] --map: 4/4 items done in ..."
+        "squares: [0, 1, 4, 9]",
+        "of the 4 tasks were running at the same moment",  # how many: _claims
+        "<remote ndarray int64 (1000000,) 7.6 MiB on ",
+        "the four partial sums add up to 499999500000; the array fetched here sums to 499999500000",
+        "the 0.2 s task finished; 2 still running",  # in the order they finish, not the order submitted
+        "the 0.7 s task finished; 1 still running",
+        "the 1.2 s task finished; 0 still running",
+        "(<pending remote value `a` of cell",  # the --async cells returned before their matrices existed
+        "; bound a]",  # ... and their lines say when they were done
+        "<remote ndarray float64 (500, 500) 1.9 MiB on ",
+        "the sum of the product: 250,000,000",
+        "[1, 1, 1, 1]",  # Ray's quickstart in a driver cell: its four actors' counts
+        "counter: on ",  # the status card lists the --actor namespace
         "Stopped the embedded cluster.",
     ],
     "02-data-and-objects.ipynb": [
-        "<remote ndarray float64 (8000000,)",  # the handle of the array that stayed on the cluster
+        "<pending remote value `samples` of cell",  # the --async cell returned at once
         "over 8,000,000 samples",
-        "8 partial sums; together",
-        "product trace: 6000000.0",
-        "[0, 1, 4, 9, 16, 25, 36, 49, 64, 81, 100, 121]",
+        "<remote ndarray float64 (8000000,) 61.0 MiB on ",  # the handle of the array that stayed on the cluster
+        "--map: 8/8 items done in",
+        "the mean from 8 partial sums: 2.999",
+        "ndarray (8000000,) 61.0 MiB",  # fetched on purpose
+        "objects held for this notebook:",
         "Stopped the embedded cluster.",
     ],
     "03-train-torch.ipynb": [
@@ -79,14 +83,17 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "04-tune-asha.ipynb": [
         "<TrialsView jc.tune(train_digits): done>",
+        "[a picture of jc.tune(train_digits)'s curves]",  # the static picture the view leaves when it ends
         "<TuneResult 8 trials in",
         "best config: {'lr':",
-        "stopped early by ASHA",
+        "stopped early by ASHA",  # how many: _claims
         "Stopped the embedded cluster.",
     ],
     "05-tune-pbt.ipynb": [
         "<TrialsView jc.tune(train_pbt): done>",
+        "[a picture of jc.tune(train_pbt)'s curves]",
         "<TuneResult 4 trials in",
+        "trial  config/lr  config/momentum",
         "the best checkpoint, evaluated here:",
         "Stopped the embedded cluster.",
     ],
@@ -96,36 +103,42 @@ EXPECTED: dict[str, list[str]] = {
         "agree with the notebook's model",
         "Serve application digits: RUNNING",  # %cluster status lists what the driver started
         "port forwards: 1",
-        "left behind: [] {}",
+        "Serve's actors left: []",
         "Stopped the embedded cluster.",
     ],
     "08-rllib-ppo.ipynb": [
         "iteration | episode return | episodes | seconds",  # the live table's head, then a row per iteration
         "        8 |",
+        "mean episode return: ",
         "at the first iteration,",
         "Stopped the embedded cluster.",
     ],
-    "09-ssh.ipynb": [  # without JC_EXAMPLE_HEAD, as on Binder: the SSH steps skipped, the cells on the embedded cluster
+    "09-ssh.ipynb": [  # without JC_EXAMPLE_HEAD, as on Binder: the cells on the embedded cluster
         "No SSH head is set (JC_EXAMPLE_HEAD)",
         "Attached to <Cluster embedded local",
         "running on ",
-        "step 7",
+        "step 7 at ",  # the --async cell's last line, in its own output though the notebook detached
+        "Detached from session ",
+        "detached at ",
+        "attached again at ",
         "the cell's output: 8 steps",
         "says: hello from the head",
         "Stopped the embedded cluster.",
     ],
     "10-watching.ipynb": [
-        "<Dashboard of embedded local",
+        "<Dashboard of embedded local: 1 node(s), closed>",  # closed at the end: its snapshot, and a picture
+        "[a picture of the dashboard of embedded local]",
         "<remote ndarray float64 (25000000,) 190.7 MiB",  # the block kept in the object store
-        "60/60 items done in",
+        "--map: 24/24 items done in",
+        "24 items, 6.0 CPU-seconds in all",
+        "remote loop: 100% 20/20",  # a tqdm bar drawn on the cluster, in its last state
         ") hello from task 2",  # a task's prints, with Ray's prefix, in the driver cell that started it
         "(Greeter pid=",
         ", after it ended] (late pid=",  # %cluster logs: the line no running cell could take
+        "<RemoteCell the long job task",
         "object store 190.7 MiB used",  # the status card
-        "task running>]",
-        "after cancel(): cancelled",
-        "reading its output: KeyboardInterrupt: cancelled the remote cell",
-        "dashboard: 1 node(s)",
+        "running cells: 1",
+        "after cancel(): cancelled; KeyboardInterrupt: cancelled the remote cell (the long job, task)",
         "Stopped the embedded cluster.",
     ],
     "06-ddp-port.ipynb": [
@@ -261,8 +274,24 @@ def execute(path: Path, kernel: str, tmp_path: Path, expected: list[str]) -> Any
     printed = "\n".join(text for cell in nb.cells if cell.cell_type == "code" for text in _texts(cell))
     missing = [text for text in expected if text not in printed]
     assert not missing, f"{path.name}: expected output not found: {missing}\n--- output ---\n{printed}"
+    _claims(printed, path.name)
     _static_views(nb, path.name)
     return nb
+
+
+def _claims(printed: str, name: str) -> None:
+    """The claims of a notebook's prose that take a number read from its output."""
+    if name == "01-quickstart.ipynb":  # "whether the tasks ran in parallel": more than one at once
+        at_once = re.search(r"(\d) of the 4 tasks were running at the same moment", printed)
+        assert at_once and int(at_once.group(1)) >= 2, f"the quickstart's tasks did not overlap:\n{printed}"
+    if name == "04-tune-asha.ipynb":  # "the trials ASHA stopped early"
+        stopped = re.search(r"(\d+) stopped early by ASHA", printed)
+        assert stopped and int(stopped.group(1)) >= 1, f"ASHA stopped no trial:\n{printed}"
+    if name == "05-tune-pbt.ipynb":  # "after iterations 2 and 4, the two weaker trials go on with another lr"
+        rows = {int(m.group(1)): m.group(2).split() for m in re.finditer(r"^(\d)\s+([\d. ]+)$", printed, re.M)}
+        for before in (2, 4):
+            changed = sum(a != b for a, b in zip(rows.get(before, []), rows.get(before + 1, [])))
+            assert changed == 2, f"PBT changed {changed} trials' lr after iteration {before}, not 2:\n{printed}"
 
 
 def _static_views(nb: Any, name: str) -> None:
@@ -271,10 +300,19 @@ def _static_views(nb: Any, name: str) -> None:
     from nbconvert import HTMLExporter
 
     page, _ = HTMLExporter().from_notebook_node(nb)
-    if name == "01-quickstart.ipynb":
-        assert 'class="jc-dashboard-snapshot"' in page and "(head)" in page, "no dashboard snapshot in the HTML"
+    if name == "01-quickstart.ipynb":  # its two --map bars, ended as summaries; the status card
         assert page.count('class="jc-progress jc-done"') >= 2, "the progress bars did not end as summaries"
+        assert 'class="jc-card jc-status"' in page
+    if name == "10-watching.ipynb":  # the closed dashboard's snapshot, the --map and tqdm bars, the status card
+        assert 'class="jc-dashboard-snapshot"' in page and "(head)" in page, "no dashboard snapshot in the HTML"
+        assert 'class="jc-progress jc-done"' in page, "the --map bar did not end as a summary"
         assert 'class="jc-remote-bar"' in page and 'class="jc-card jc-status"' in page
+    # A live view that ended leaves a picture (SVG) for readers without a kernel; a matplotlib figure, a PNG.
+    kinds = {kind for c in nb.cells for o in c.get("outputs", []) for kind in o.get("data", {})}
+    if name.startswith(("04-", "05-", "10-")):
+        assert "image/svg+xml" in kinds, f"{name}: its live view left no picture"
+    if name.startswith(("02-", "08-")):
+        assert "image/png" in kinds, f"{name}: its figure was not drawn"
     # A run's widget keeps its last state beside the widget view (the bundle's text/html: what a
     # reader without widgets shows; nbconvert draws the widget itself from the saved state).
     snapshots = "\n".join(
