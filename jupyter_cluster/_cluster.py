@@ -211,7 +211,7 @@ class Cluster:
         source
             The cell's Python code.
         namespace
-            Where inputs are read from (the notebook's namespace by default).
+            Where the cell's inputs are read from (none by default: pass ``shell.user_ns`` for the notebook's).
         mode
             ``"task"`` (a Ray task), ``"actor"`` (in the named ``actor``), ``"driver"``
             (the agent's own namespace) or ``"map"`` (once per item of ``map_over``).

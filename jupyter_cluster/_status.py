@@ -142,7 +142,8 @@ class ClusterStatus:
         lines.append(f"  running cells: {len(cells)}")
         for cell in cells:
             progress = f" {cell['done']}/{cell['total']}" if cell["mode"] == "map" else ""
-            lines.append(f"    {cell['cell_id']} ({cell['mode']}{progress}, {cell['elapsed']:.1f} s)")
+            name = cell.get("label") or cell["cell_id"]
+            lines.append(f"    {name} ({cell['mode']}{progress}, {cell['elapsed']:.1f} s)")
         lines.append(f"  actors: {len(data['actors'])}")
         for name, actor in data["actors"].items():
             names = ", ".join(actor.get("names", [])) or "-"

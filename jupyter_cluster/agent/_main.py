@@ -99,6 +99,10 @@ def _count(value: float | None) -> float | int | None:
     return int(value) if value is not None and float(value).is_integer() else value
 
 
+#: How often the embedded cluster's Ray reports its metrics (node figures and its own), in ms.
+METRICS_EVERY_MS = 2000
+
+
 def init_ray(args: argparse.Namespace) -> None:
     if not args.local:
         use_token_auth(args.address)
@@ -126,6 +130,10 @@ def init_ray(args: argparse.Namespace) -> None:
         )
         if args.object_store_memory:
             kwargs["object_store_memory"] = args.object_store_memory
+        # Ray's figures every 2 s, not every 5 to 10: the status card and the dashboard then say what a cell just
+        # did (its object store, the CPUs it held), not what was true seconds before.
+        os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", str(METRICS_EVERY_MS))
+        kwargs["_system_config"] = {"metrics_report_interval_ms": METRICS_EVERY_MS}
         from ._sizing import memory_limit, shm_size, small_container
 
         for note in small_container(kwargs, memory_limit(), shm_size()):  # a Binder-sized container, say
@@ -151,7 +159,9 @@ def init_ray(args: argparse.Namespace) -> None:
     from ._output import start_relay
 
     start_relay()
-    if args.local and "_system_config" not in kwargs:  # (a small container's idle workers end at once)
+    from ._sizing import small_machine
+
+    if args.local and not small_machine():  # (a small container's idle workers end at once)
         wait_for_workers(int(ray.available_resources().get("CPU", 0)))
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 #: A panel of a picture, in pixels, and its margins (left for the y labels, bottom for the x's).
 PANEL_W, PANEL_H = 300, 190
 LEFT, RIGHT, TOP, BOTTOM = 46, 10, 24, 34
+#: The gutter right of a plot that holds its legend.
+LEGEND_W = 104
 FONT = 'font-family="sans-serif" font-size="10"'
 GRID = "#e5e5e5"
 AXIS = "#666"
@@ -87,7 +89,10 @@ def label(value: float) -> str:
 def _chart(chart: Chart, x0: float, y0: float, pw: float = PANEL_W, ph: float = PANEL_H) -> list[str]:
     out = [f'<text x="{x0 + LEFT}" y="{y0 + 15}" {FONT} font-weight="bold">{html.escape(chart.title)}</text>']
     points = [p for line in chart.lines for p in line.points if all(math.isfinite(v) for v in p)]
-    w, h = pw - LEFT - RIGHT, ph - TOP - BOTTOM
+    named = [line for line in chart.lines if line.name and line.points]
+    legend = chart.legend and len(named) > 1
+    # The legend in a gutter of its own, right of the plot: never over the curves.
+    w, h = pw - LEFT - RIGHT - (LEGEND_W if legend else 0), ph - TOP - BOTTOM
     left, top = x0 + LEFT, y0 + TOP
     out.append(f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="{GRID}"/>')
     if not points:
@@ -149,25 +154,26 @@ def _chart(chart: Chart, x0: float, y0: float, pw: float = PANEL_W, ph: float = 
                 out.append(
                     f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="none" stroke="{line.color}" stroke-width="2"/>'
                 )
-    named = [line for line in chart.lines if line.name and line.points]
-    if chart.legend and len(named) > 1:
-        for index, line in enumerate(named[:8]):
+    if legend:
+        room = max(1, int((h - 10) // 12))
+        for index, line in enumerate(named[:room]):
             y = top + 10 + 12 * index
             out.append(
-                f'<line x1="{left + w - 78}" x2="{left + w - 66}" y1="{y - 3}" y2="{y - 3}" '
+                f'<line x1="{left + w + 8}" x2="{left + w + 20}" y1="{y - 3}" y2="{y - 3}" '
                 f'stroke="{line.color}" stroke-width="2"/>'
             )
-            out.append(f'<text x="{left + w - 62}" y="{y}" {FONT} fill="#333">{html.escape(line.name[:14])}</text>')
-        if len(named) > 8:
+            out.append(f'<text x="{left + w + 24}" y="{y}" {FONT} fill="#333">{html.escape(line.name[:14])}</text>')
+        if len(named) > room:
             out.append(
-                f'<text x="{left + w - 62}" y="{top + 10 + 12 * 8}" {FONT} fill="#999">+{len(named) - 8} more</text>'
+                f'<text x="{left + w + 24}" y="{top + 10 + 12 * room}" {FONT} fill="#999">'
+                f"+{len(named) - room} more</text>"
             )
     return out
 
 
 def _bars(panel: Bars, x0: float, y0: float, width: float) -> list[str]:
     out = [f'<text x="{x0 + 6}" y="{y0 + 15}" {FONT} font-weight="bold">{html.escape(panel.title)}</text>']
-    label_w = 150
+    label_w = min(360, 16 + 6 * max((len(name) for name, _, _ in panel.rows), default=10))
     for index, (name, frac, text) in enumerate(panel.rows):
         y = y0 + TOP + 18 * index
         color = panel.colors[index] if index < len(panel.colors) else "#4c78a8"
