@@ -211,6 +211,8 @@ class Run:
         self.widget = view
         self.events: list[dict[str, Any]] = []
         self.failures: dict[Any, BaseException] = {}
+        #: Which failure is the run's own: the user's errors before Ray's, the first before the later (see _cause).
+        self.failed_at: dict[Any, tuple[bool, float]] = {}
         #: The metric a sweep optimises and its mode ("min", "max"); None for a training run.
         self.metric: str | None = None
         self.mode: str | None = None
@@ -240,6 +242,7 @@ class Run:
             if data.get("type") == "error" and data.get("failure") is not None:
                 key = data.get("rank", data.get("trial"))
                 self.failures[key] = remote_error(data["failure"], "", self.cell.cell_id, self.label, "")
+                self.failed_at[key] = (not data["failure"].module.startswith("ray"), -float(data.get("time", 0.0)))
         if self.widget is not None:
             try:
                 self.widget.on_event(event, data, self)
@@ -556,6 +559,17 @@ def train_torch(
     return run.wait() if block else run
 
 
+def _cause(run: Run) -> BaseException | None:
+    """What failed a training run: the first error a worker's own code raised. When one worker raises, Ray Train
+    stops the others, and a worker stopped at a collective call then raises one of Ray's errors of its own
+    (``ActorDiedError`` of its synchronisation actor, killed by the clean-up): under load that one can come in
+    first, and from a lower rank, but it is the clean-up's, not the run's."""
+    if not run.failures:
+        return None
+    first = max(run.failures, key=lambda key: run.failed_at.get(key, (False, float("-inf"))))
+    return run.failures[first]
+
+
 def _train_result(run: Run, summary: dict[str, Any]) -> TrainResult:
     reports = [
         {"rank": e["rank"], "report": e["report"], "time": e["time"], **e["metrics"]}
@@ -565,9 +579,7 @@ def _train_result(run: Run, summary: dict[str, Any]) -> TrainResult:
     reports.sort(key=lambda r: (r["report"], r["rank"]))
     error: BaseException | None = None
     if summary.get("error"):
-        error = next(iter(sorted(run.failures.items(), key=lambda kv: str(kv[0]))), (None, None))[1]
-        if error is None:
-            error = RunError(summary["error"])
+        error = _cause(run) or RunError(summary["error"])
     final = dict(summary.get("metrics") or {})
     if not final and reports:  # Ray keeps metrics with checkpoints only: rank 0's last report
         last = [r for r in reports if r["rank"] == 0] or reports

@@ -159,3 +159,32 @@ def test_a_run_leaves_a_picture_of_its_curves() -> None:
     assert svg.count("<polyline") == 3 and 'stroke-opacity="0.55"' in svg  # a stopped trial is faded
     assert "<path d=" in svg and 'r="4" fill="none"' in svg  # its x, and the failed trial's circle
     assert TrialsView("jc.tune(g)", "score", "max").picture() == ""
+
+
+def test_a_runs_error_is_the_first_its_users_code_raised_not_the_clean_ups() -> None:
+    """Rank 1 raised; Ray Train stopped rank 0 at a collective call, which raised Ray's ActorDiedError of the
+    synchronisation actor the clean-up killed. Whichever came in first, and whatever the ranks, the run's error is
+    rank 1's own."""
+    from types import SimpleNamespace
+
+    from jupyter_cluster._runs import Run, _cause
+
+    def failure(type_name: str, module: str) -> RemoteFailure:
+        return RemoteFailure(type_name, module, f"{type_name} happened", [], None)
+
+    for ray_first in (True, False):
+        cell = SimpleNamespace(cell_id="c-1", label="jc.train_torch(f)", subscribe=lambda listener: None)
+        run = Run("train", cell, None, lambda run, summary: None)  # type: ignore[arg-type]
+        events = [
+            {
+                "type": "error",
+                "rank": 0,
+                "time": 1.0 if ray_first else 3.0,
+                "failure": failure("ActorDiedError", "ray.exceptions"),
+            },
+            {"type": "error", "rank": 1, "time": 2.0, "failure": failure("ValueError", "builtins")},
+        ]
+        for event in events:
+            run._on_event("train", event)
+        cause = _cause(run)
+        assert isinstance(cause, ValueError) and "ValueError happened" in str(cause), (ray_first, cause)
