@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 import ray
 
 from ._actors import ActorCells
+from ._deaths import dead_on_this_node, memory_death
 from ._driver import DriverCells
 from ._environment import Environments, is_setup_error, needs_setup, setup_failure, show_preparing
 from ._execute import CellOutcome, CellSpec, Pickled, RemoteFailure, failed_outputs, unwrap
@@ -104,8 +105,15 @@ class TaskCells:
                     pass
 
 
+def _dead_workers(lines: WorkerLines, cell_id: str) -> list[dict[str, Any]]:
+    return dead_on_this_node(lines.tasks_of(cell_id))
+
+
 #: How many ended cells the agent remembers (for their timelines).
 ENDED_KEPT = 1_000
+#: How often the agent looks for a memory kill in its cgroup, and how long after one it looks for the cell it hit.
+DEATH_WATCH = 1.0
+DEATH_SETTLE = 15.0
 
 
 class CellRunner:
@@ -126,6 +134,7 @@ class CellRunner:
         #: Each session's runtime_env (set by the agent; see ._environment), and its synced folder (._sync).
         self.envs = Environments()
         self.synced: Any = None
+        self._death_watch = loop.create_task(self._watch_deaths())
         #: The cells that ended, latest last: their label, mode, start and end (what a timeline is drawn against).
         self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.actor_cells = ActorCells(self)
@@ -357,15 +366,61 @@ class CellRunner:
                 self.started_work(cell)
         except ray.exceptions.RayError as exc:
             stopped = (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError)
-            if cell.cancelled and isinstance(exc, stopped):
+            what = f"{cell.spec.label or 'the cell'} did not finish:"
+            if cell.death:  # the agent stopped it: its worker was killed for memory (see _watch_deaths)
+                outcome = CellOutcome(failure=self.died(what, cell.death))
+            elif cell.cancelled and isinstance(exc, stopped):
                 outcome = CellOutcome(failure=interrupted(cell.cancelled))
             else:
-                outcome = CellOutcome(failure=self.lost(cell, exc, f"{cell.spec.label or 'the cell'} did not finish:"))
+                why = await asyncio.to_thread(self.death_of, cell, exc)
+                outcome = CellOutcome(failure=self.lost(cell, exc, what, why))
         await self.output_of(cell, outcome.chunks_sent, 1.0 if cell.cancelled else 10.0)
         return outcome
 
-    def lost(self, cell: RunningCell, exc: BaseException, what: str) -> RemoteFailure:
-        """A cell whose worker, actor or node went away, said in one line."""
+    async def _watch_deaths(self) -> None:
+        """Stop a cell whose worker the kernel killed for memory, at once: Ray would retry it, and each retry would
+        be killed again. (Ray's own memory monitor's kills fail the cell themselves: the embedded cluster does not
+        retry them.) Each second it reads one file; only after a kill does it look at the running cells' tasks."""
+        watching_until = 0.0
+        while True:
+            await asyncio.sleep(DEATH_WATCH)
+            lines = self.lines
+            if lines is None or not self.running:
+                continue
+            if lines.deaths.memory_killed():
+                watching_until = time.monotonic() + DEATH_SETTLE  # Ray's events of the death take a moment
+            if time.monotonic() > watching_until:
+                continue
+            for cell in [c for c in self.running.values() if c.mode != "driver" and not c.death]:
+                try:
+                    dead = await asyncio.to_thread(_dead_workers, lines, cell.cell_id)
+                except Exception:
+                    log.warning("could not look at cell %s's workers", cell.cell_id, exc_info=True)
+                    continue
+                if dead and cell.cell_id in self.running:
+                    cell.death = memory_death(ip=dead[0]["ip"])
+                    self.cancel(cell.cell_id, "it ran out of memory")
+
+    def death_of(self, cell: RunningCell, exc: BaseException) -> str | None:
+        """What killed the worker of a cell that died, when more is known than Ray says (off the event loop: it
+        reads Ray's task events)."""
+        if self.lines is None or not isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.RayError)):
+            return None
+        try:
+            tasks = self.lines.tasks_of(cell.cell_id)
+            return self.lines.deaths.why(exc, tasks, cell.cell_id, self.lines.cell_of_worker)
+        except Exception:
+            log.warning("could not tell what killed cell %s's worker", cell.cell_id, exc_info=True)
+            return None
+
+    @staticmethod
+    def died(what: str, why: str) -> RemoteFailure:
+        """A cell the agent stopped because its worker was killed for memory."""
+        message = f"{what} {why} It was not retried: a retry would need as much again."
+        return RemoteFailure("WorkerDiedError", "jupyter_cluster._errors", message, [], None)
+
+    def lost(self, cell: RunningCell, exc: BaseException, what: str, why: str | None = None) -> RemoteFailure:
+        """A cell whose worker, actor or node went away, said in one line (``why``: what killed it, if known)."""
         log.warning("cell %s: %s", cell.cell_id, exc)
         if is_setup_error(exc):  # it never ran: Ray could not install what it asked for
             if cell.actor:
@@ -378,14 +433,16 @@ class CellRunner:
                 f"{what} actor `{name}` {how} before it ended, and its namespace with it "
                 f"(the next `--actor {name}` cell starts a fresh one)."
             )
+            if why:
+                message += f" What killed it: {why}"
+        elif why and "out of memory" in why:
+            message = f"{what} {why} It was not retried: a retry would need as much again."
         else:
-            if isinstance(exc, ray.exceptions.OutOfMemoryError):
-                why = "its node ran out of memory, and Ray killed the worker running it"
-            elif isinstance(exc, ray.exceptions.NodeDiedError):
+            if why is None and isinstance(exc, ray.exceptions.NodeDiedError):
                 why = "the node running it died"
-            elif isinstance(exc, ray.exceptions.WorkerCrashedError):
-                why = "the worker process running it died (it exited, crashed or was killed)"
-            else:
+            elif why is None and isinstance(exc, ray.exceptions.WorkerCrashedError):
+                why = "the worker process running it died (killed from outside it, or it crashed without a word)"
+            elif why is None:
                 why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             n = retries(cell.options)
             tries = "Ray did not retry it (--retries 0)" if n == 0 else f"Ray retried it {n} time{'s' * (n != 1)}"

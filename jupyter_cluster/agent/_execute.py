@@ -572,6 +572,7 @@ def run_in_namespace(
     result: Any = None
     try:
         body, last = compile_cell(spec)
+        _logs.mark_task()  # the worker names the task it runs, should it die without a word
         claimant = f"{os.getpid()}-{id(ns)}"  # this run of it (a --map item's, each its own)
         with _Capture(output, ns), _logs.cell(spec.cell_id), _breakpoint.running(spec.relay, spec.cell_id, claimant):
             exec(body, ns)

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import _raylog
+from ._deaths import EXIT_MARK
 from ._progress import RAY_TQDM_MAGIC
 
 log = logging.getLogger("jupyter_cluster.agent")
@@ -208,6 +209,16 @@ class MarkedStream(io.TextIOBase):
         self.raw.write(("" if self.at_line_start else "\n") + line + "\n")
         self.at_line_start = True
 
+    def mark_task(self) -> None:
+        """Name the task running now, before it writes anything (a worker that dies without a word is then known to
+        have been running it: see ._deaths)."""
+        with self.lock:
+            task = _current_task()
+            if task is not None and task != self.task:
+                self._mark(f"{MARK_TASK}{task}")
+                self.task = task
+                self.raw.flush()
+
     def mark(self, line: str) -> None:
         """Write a marker line of this module's own, after the task's marker."""
         with self.lock:
@@ -238,6 +249,12 @@ class MarkedStream(io.TextIOBase):
 _stdout: MarkedStream | None = None
 
 
+def mark_task() -> None:
+    """In a worker: name the task that starts running now, in its output (see :meth:`MarkedStream.mark_task`)."""
+    if _stdout is not None:
+        _stdout.mark_task()
+
+
 def _worker_note(task: str, owner: str) -> None:
     if _stdout is not None:
         _stdout.mark(f"{MARK_CHILD}{owner} {task}")
@@ -259,9 +276,10 @@ def setup_worker() -> None:
             # Ray's own log records and warnings: marked as Ray's in the worker's stderr (whatever a run's
             # code later makes of sys.stderr), so that the agent keeps them out of the cells.
             _raylog.install(_raylog.marking_sink(sys.stderr))
-        from . import _breakpoint
+        from . import _breakpoint, _deaths
 
         _breakpoint.install()  # breakpoint() in a cell stops it for the notebook (not Ray's debugger on a port)
+        _deaths.install_markers()  # an exit code, a fatal signal: said before the worker dies
         patch_submissions(_worker_note)
     except Exception:  # a worker must start whatever happens here
         log.warning("could not mark this worker's output by task", exc_info=True)
@@ -331,6 +349,9 @@ class WorkerLines:
         self.last_line: dict[str, float] = {}  # cell id -> when its workers last wrote
         self.started: set[str] = set()  # cells that started work (their end waits for its last lines)
         self.ray_warnings: dict[str, int] = {}  # cell id -> Ray's warnings while it ran (its note at the end)
+        from ._deaths import Deaths
+
+        self.deaths = Deaths()  # how workers said they died (an exit code, a fatal signal)
         self.lock = threading.RLock()  # (re-entered where Ray logs while a line is routed)
         self.timer: threading.Timer | None = None
 
@@ -346,6 +367,16 @@ class WorkerLines:
         code started (its end waits for that work's last lines)."""
         with self.lock:
             self._own(task, owner, started)
+
+    def cell_of_worker(self, ip: str, pid: int) -> str | None:
+        """The cell whose task the worker ``pid`` on ``ip`` last said it ran (in either of its streams)."""
+        with self.lock:
+            for is_err in (False, True):
+                for key in ((ip, pid, is_err), (ip, str(pid), is_err)):
+                    cell = self._cell_of(self.current.get(key))
+                    if cell is not None:
+                        return cell
+        return None
 
     def tasks_of(self, cell_id: str) -> set[str]:
         """Every task the agent knows for cell ``cell_id``'s: its own, and all its work started, nested ones too (off
@@ -410,6 +441,11 @@ class WorkerLines:
                     continue
                 if RAY_TQDM_MAGIC in line:  # Ray's progress bars: the driver cell's (see ._progress)
                     continue
+                if line.startswith((EXIT_MARK, "Fatal Python error")):  # how the worker died (see ._deaths)
+                    running = task or self.current.get((key[0], key[1], not key[2]))
+                    self.deaths.heard(str(key[0]), key[1], line, self._cell_of(running))
+                    if line.startswith(EXIT_MARK):
+                        continue
                 rays = _raylog.marked(line)
                 if rays is not None or rays_actor:  # Ray's own words: the log, and a count for the cell
                     letter, text = rays if rays is not None else ("I", line)

@@ -133,7 +133,8 @@ def init_ray(args: argparse.Namespace) -> None:
         # Ray's figures every 2 s, not every 5 to 10: the status card and the dashboard then say what a cell just
         # did (its object store, the CPUs it held), not what was true seconds before.
         os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", str(METRICS_EVERY_MS))
-        kwargs["_system_config"] = {"metrics_report_interval_ms": METRICS_EVERY_MS}
+        # A task Ray's memory monitor killed fails at once, saying so: a retry would allocate as much again.
+        kwargs["_system_config"] = {"metrics_report_interval_ms": METRICS_EVERY_MS, "task_oom_retries": 0}
         from ._sizing import memory_limit, shm_size, small_container
 
         for note in small_container(kwargs, memory_limit(), shm_size()):  # a Binder-sized container, say

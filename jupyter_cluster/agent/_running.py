@@ -43,6 +43,8 @@ class RunningCell:
     started: float = field(default_factory=time.time)
     done_items: int = 0
     total_items: int = 1
+    #: What killed its worker, when the agent stopped it for that (see ``CellRunner._watch_deaths``).
+    death: str = ""
 
 
 class CancelledBeforeStart(Exception):

@@ -1,0 +1,93 @@
+"""A cell whose worker dies says what killed it: an exit code, a signal, memory; and the next cell runs.
+
+Exit codes and signals on the shared cluster; memory in a box of its own (slow tier): a kernel and its embedded
+cluster in a 3 GiB memory cgroup, a cell that allocates 5 GiB, and an actor cell that does, as a notebook would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import remote
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+
+def _error(shell: Any, body: str, options: str = "--retries 0") -> str:
+    result = remote(shell, body, options)
+    assert not result.success
+    return str(result.error_in_exec)
+
+
+def test_an_exit_code_and_a_fatal_signal_are_named_and_the_next_cell_runs(shell: Any) -> None:
+    said = _error(shell, "import os\nos._exit(3)")
+    assert "exited with code 3 (os._exit)" in said, said
+    said = _error(shell, "import ctypes\nctypes.string_at(0)")
+    assert "crashed with SIGSEGV (segmentation fault)" in said, said
+    assert remote(shell, "after = 40 + 2").success and shell.user_ns["after"] == 42
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_cell_that_needs_more_memory_than_its_box_fails_within_a_minute_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from .test_binder import _binder_kernel
+
+    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists() or not shutil.which("unshare"):
+        pytest.skip("needs root, cgroup v1's memory controller at /sys/fs/cgroup/memory, and unshare")
+    cgroup = CGROUP_V1 / f"jc-deaths-{os.getpid()}"
+    cgroup.mkdir()
+    nb = new_notebook(
+        cells=[
+            new_code_cell("%load_ext jupyter_cluster\n%cluster local --cpus 2\nimport time"),
+            new_code_cell("started = time.time()"),
+            new_code_cell("%%remote\nimport numpy as np\nbig = np.ones(5 * 2**30 // 8)\ntotal = float(big.sum())"),
+            new_code_cell("print('failed after', round(time.time() - started), 's')"),
+            new_code_cell("%%remote\nsmall = 40 + 2"),
+            new_code_cell("print('next cell:', small)"),
+            new_code_cell("%%remote --actor holder\nimport numpy as np\nbig = np.ones(5 * 2**30 // 8)"),
+            new_code_cell("%%remote --actor holder\nsmall = 2"),
+            new_code_cell("%cluster down"),
+        ]
+    )
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(3 * 2**30))
+        kernel = _binder_kernel(tmp_path, cgroup, monkeypatch)
+        NotebookClient(nb, timeout=300, kernel_name=kernel, allow_errors=True).execute()
+    finally:
+        for _ in range(50):
+            pids = (cgroup / "cgroup.procs").read_text().split()
+            if not pids:
+                break
+            subprocess.run(["kill", "-9", *pids], capture_output=True)
+            time.sleep(0.2)
+        cgroup.rmdir()
+    nbformat.write(nb, tmp_path / "deaths.ipynb")
+    outputs = [c.get("outputs", []) for c in nb.cells]
+    task_error = next(o for o in outputs[2] if o["output_type"] == "error")
+    assert task_error["ename"] == "WorkerDiedError", json.dumps(outputs[2])[:2000]
+    message = task_error["evalue"]
+    assert "ran out of memory" in message and "node" in message and "GiB" in message and "--memory" in message, message
+    assert "It was not retried" in message and len(message) < 500, message
+    took = int("".join(o.get("text", "") for o in outputs[3]).split("after ")[1].split(" s")[0])
+    assert took < 60, f"the memory death took {took} s to say"
+    assert "next cell: 42" in "".join(o.get("text", "") for o in outputs[5])
+    actor_error = next(o for o in outputs[6] if o["output_type"] == "error")
+    assert "holder" in actor_error["evalue"] and "ran out of memory" in actor_error["evalue"], actor_error["evalue"]
+    assert not [o for o in outputs[7] if o["output_type"] == "error"], "the next cell of the actor's name runs"
