@@ -532,6 +532,8 @@ def run_state(run: Run) -> dict[str, Any]:
     scored = [value for trial, value in last.items() if states.get(trial) != "ERROR"]
     if scored:
         best = min(scored) if mode == "min" else max(scored)
+    if cell.done():  # the run ended: none of its workers or trials runs any more
+        states = {key: "FINISHED" if state == "RUNNING" else state for key, state in states.items()}
     counts: dict[str, int] = {}
     for state in states.values():
         counts[state.lower()] = counts.get(state.lower(), 0) + 1

@@ -366,7 +366,7 @@ def test_detach_then_down(kernel: Kernel, panel: Panel) -> None:
 def test_run_state_from_recorded_events() -> None:
     """A sweep's and a training run's line, from the events the agent sends (recorded)."""
 
-    cell = SimpleNamespace(cell_id="s-c9", status="running", finished=None)
+    cell = SimpleNamespace(cell_id="s-c9", status="running", finished=None, done=lambda: False)
     events = [
         {"type": "trial", "trial": "a", "state": "RUNNING"},
         {"type": "result", "trial": "a", "iteration": 1, "metrics": {"loss": 0.5}},
@@ -393,6 +393,8 @@ def test_run_state_from_recorded_events() -> None:
     line = run_state(training)  # type: ignore[arg-type]
     assert line["metric"] == "loss" and line["best"] == 0.6  # the first metric rank 0 reports, its last value
     assert line["counts"] == {"running": 1, "error": 1}
+    cell.done = lambda: True  # the run ended: nothing of it runs any more
+    assert run_state(training)["counts"] == {"finished": 1, "error": 1}  # type: ignore[arg-type]
 
 
 def _watchers(kernel: Kernel, panel: Panel) -> int:

@@ -52,7 +52,7 @@ TOTALS = {
 
 
 #: The names of the system's tasks and actors (see :func:`._raylog.is_system`), as a PromQL regex.
-SYSTEM = '"(' + "|".join(sorted(RAY_ACTORS | OWN_TASKS)) + r')(\\..*)?"'
+SYSTEM = '"(.*:)?(' + "|".join(sorted(RAY_ACTORS | OWN_TASKS)) + r')(\\..*)?"'
 
 
 class PrometheusError(Exception):

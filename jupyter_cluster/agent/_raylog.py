@@ -87,9 +87,10 @@ def level_letter(levelno: int) -> str:
 
 
 def is_system(name: str) -> bool:
-    """Whether a task or actor named ``name`` (Ray's ``Name`` label: ``Class``, ``Class.method`` or a
-    function's name) is Ray's libraries' machinery or this project's own, not the user's work."""
-    head = name.split(".", 1)[0]
+    """Whether a task or actor named ``name`` (Ray's ``Name`` label: ``Class``, ``Class.method``, a named actor's
+    ``actor-name:Class.method``, or a function's name) is Ray's libraries' machinery or this project's own, not the
+    user's work."""
+    head = name.rsplit(":", 1)[-1].split(".", 1)[0]
     return head in RAY_ACTORS or head in OWN_TASKS
 
 

@@ -106,7 +106,7 @@ def node_rows(node: NodeSample) -> list[tuple[str, float, str]]:
     used, total = node.get("store_used", 0.0), node.get("store_total", 0.0)
     rows.append(("object store", _frac(used, total), f"{format_size(used)} / {format_size(total)}"))
     cpu = node.get("cpu", 0.0)
-    rows.append(("CPU", cpu / 100, f"{cpu:.0f} %"))
+    rows.append(("CPU", cpu / 100, f"{cpu:.0f} % of the host"))  # the host's load (the sidebar: Ray's CPUs held)
     used, total = node.get("mem_used", 0.0), node.get("mem_total", 0.0)
     rows.append(("RAM", _frac(used, total), f"{format_size(used)} / {format_size(total)}"))
     for index in sorted(node.get("gpus", {}), key=_numeric):
@@ -222,7 +222,7 @@ class Dashboard(ipywidgets.VBox):
         self.node_plot.ygrid.grid_line_color = None
 
         self.state_plot = figure(
-            title="Tasks and actors (the notebook's work)",
+            title="The cells' tasks and actors",
             y_range=self._state_factors,
             x_range=DataRange1d(start=0, range_padding=0.25),
             width=320,
@@ -517,9 +517,15 @@ def _plots(figures: Any, lock: Any) -> Any:
                 super().__init__(figures)
                 self._view_count = 0  # the frontend counts the views it displays
                 self.observe(self._on_views, names="_view_count")
-                timer = threading.Timer(LIVE_FALLBACK, self.go_live)
+                timer = threading.Timer(LIVE_FALLBACK, self._fallback)
                 timer.daemon = True
                 timer.start()
+
+            def _fallback(self) -> None:
+                # Only for a frontend that never said a view is shown: handing a live view the whole document
+                # again redraws it (its axes then stop following the data).
+                if not self.live:
+                    self.go_live()
 
             def _on_views(self, change: dict[str, Any]) -> None:
                 if (change["new"] or 0) > (change["old"] or 0):

@@ -217,6 +217,8 @@ def figure(title: str, x_label: str) -> Any:
 
     plot = bokeh_figure(title=title, width=330, height=210, toolbar_location=None, name=title)
     plot.xaxis.axis_label = x_label
+    ticker: Any = plot.xaxis.ticker
+    ticker.min_interval = 1  # epochs and iterations are whole: no tick at 1.5
     if plot.title is not None and not isinstance(plot.title, str):
         plot.title.text_font_size = "10pt"
     return plot

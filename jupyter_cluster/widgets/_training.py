@@ -95,7 +95,7 @@ class TrainingView(RunView):
         from bokeh.layouts import row
 
         figures: list[Any] = list(self.layout_root.children)
-        if figures and len(figures[-1].children) < 3:  # three plots to a row
+        if figures and len(figures[-1].children) < 2:  # two plots to a row: beside the sidebar, three are cut
             figures[-1].children = [*figures[-1].children, plot]
         else:
             self.layout_root.children = [*figures, row(plot)]

@@ -42,12 +42,13 @@ export class ActorsView extends SectionView {
       `Kill actor ${actor.name} (its state is lost)`
     );
     main.append(element('span', 'jc-actor-name', actor.name), kill);
-    const detail: string[] = [actor.node ?? 'not placed yet'];
+    // A busy actor is not asked where it runs (it would answer after its cell): its cell says enough.
+    const detail: string[] = actor.node !== null ? [actor.node] : [];
     if (actor.running !== null) {
       const cell = model.cell(actor.running);
       detail.push(`running ${cell?.label ?? actor.running}`);
     } else {
-      detail.push('idle');
+      detail.push(actor.node !== null ? 'idle' : 'not placed yet');
     }
     row.append(main, element('div', 'jc-row-detail', detail.join(' · ')));
     if (actor.error !== null) {
