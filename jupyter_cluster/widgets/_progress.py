@@ -286,9 +286,13 @@ def write_output(batch: list[tuple[str, Any]], bars: RemoteBars | None = None) -
             stream.write(data)
             stream.flush()
         elif kind == "display":
+            from IPython import get_ipython
             from IPython.display import display
 
-            display(data, raw=True)
+            if get_ipython() is None:  # a script: what it says, as text
+                print(data.get("text/plain", ""))
+            else:
+                display(data, raw=True)
 
 
 class RemoteBars:
