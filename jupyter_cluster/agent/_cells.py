@@ -278,6 +278,8 @@ class CellRunner:
             raise CellRequestError(f"cell {spec.cell_id} is already running")
         cell = RunningCell(spec.cell_id, mode, emit, spec, options)
         cell.streams = self.output.open(spec.cell_id, emit)
+        if self.lines is not None:
+            self.lines.name(spec.cell_id, spec.label)
         self.running[spec.cell_id] = cell
         preparing = None
         if needs_setup(options.get("runtime_env")):  # Ray installs it first: the notebook sees that happen

@@ -349,6 +349,8 @@ class WorkerLines:
         self.last_line: dict[str, float] = {}  # cell id -> when its workers last wrote
         self.started: set[str] = set()  # cells that started work (their end waits for its last lines)
         self.ray_warnings: dict[str, int] = {}  # cell id -> Ray's warnings while it ran (its note at the end)
+        #: Cell id -> how the notebook names it ("Cell In[5]"), for the log's lines (the latest TASKS_KEPT // 100).
+        self.labels: OrderedDict[str, str] = OrderedDict()
         from ._deaths import Deaths
 
         self.deaths = Deaths()  # how workers said they died (an exit code, a fatal signal)
@@ -377,6 +379,14 @@ class WorkerLines:
                     if cell is not None:
                         return cell
         return None
+
+    def name(self, cell_id: str, label: str) -> None:
+        """How the notebook names cell ``cell_id``: the log names its lines so."""
+        if label:
+            with self.lock:
+                self.labels[cell_id] = label
+                while len(self.labels) > TASKS_KEPT // 100:
+                    self.labels.popitem(last=False)
 
     def tasks_of(self, cell_id: str) -> set[str]:
         """Every task the agent knows for cell ``cell_id``'s: its own, and all its work started, nested ones too (off
@@ -540,9 +550,10 @@ class WorkerLines:
             if flood.take():
                 out.setdefault(cell, []).append((stream, text + "\n"))
                 return
-            logged.append((now, stream, f"[{cell}] {text}"))
+            logged.append((now, stream, f"[{self.labels.get(cell, cell)}] {text}"))
             return
-        logged.append((now, stream, text if cell is None else f"[{cell}, after it ended] {text}"))
+        shown = text if cell is None else f"[{self.labels.get(cell, cell)}, after it ended] {text}"
+        logged.append((now, stream, shown))
 
     def _send(self, out: dict[str, list[tuple[str, Any]]], logged: list[tuple[float, str, str]]) -> None:
         for cell, batch in out.items():
