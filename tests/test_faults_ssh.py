@@ -11,6 +11,7 @@ travels with the cell, and a driver cell runs on that daemon's main thread.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -118,3 +119,30 @@ def test_handles_of_a_stopped_head_fail_at_once(sshd_server: SSHServer) -> None:
         with pytest.raises(jc.ClusterError, match="shut down"):
             wait()
         assert time.monotonic() - start < 5
+
+
+def test_debug_and_breakpoint_work_over_ssh_after_a_dropped_link(
+    head: jc.Cluster, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot of the failed cell's frames came with its error: %debug reads it after the link dropped and came
+    back; a breakpoint()'s prompts and commands travel over the resumed link."""
+    import io
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "jupyter_cluster")
+    assert jc.current() is head
+    ip.run_cell("def inner(v):\n    local = v * 2\n    return local / 0\n")
+    assert not ip.run_cell("%%remote\nvalue = 21\nout = inner(value)\n").success
+    head._link.drop_connection()  # as a network failure would: the link reconnects and resumes the session
+    head._link.call("ping", timeout=60)  # answered once the link is back
+    assert head.link["state"] == "connected"
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("p local\nup\np value\nq\n"))
+    ip.run_line_magic("debug", "")
+    printed = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert "Post-mortem of" in printed and re.search(r"\b42\n", printed) and re.search(r"\b21\n", printed), printed
+    monkeypatch.setattr(sys, "stdin", io.StringIO("p x\nc\n"))
+    assert ip.run_cell("%%remote\nx = 5\nbreakpoint()\ny = x + 1\n").success
+    assert ip.user_ns["y"] == 6 and re.search(r"\b5\n", capsys.readouterr().out)
