@@ -21,7 +21,7 @@ where the stopped code waits for it (:meth:`._remote.OutputRelay.ask`). Nothing 
   goes on, and its output says so.
 
 This module runs in the workers and the agent: it imports only the standard library (Ray,
-lazily).
+lazily), and nothing of this package's.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import os
 import pdb
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import IO, Any, cast
 
 #: Seconds a stop waits for a command before it gives up and ends its cell.
@@ -91,20 +91,11 @@ class NotebookPdb(pdb.Pdb):
             self.allow_kbdint = False
 
     def _relay(self) -> Any:
-        import ray
-
-        from ._remote import _relays
-
-        relay = _relays.get(self.relay_name)
-        if relay is None:
-            relay = _relays[self.relay_name] = ray.get_actor(self.relay_name)
-        return relay
+        return _relay(self.relay_name)
 
     def ask(self) -> str:
         """Send what pdb said and its prompt to the notebook; wait for the command."""
         import ray
-
-        from ._logs import unnoted
 
         text = self.said.getvalue()
         self.said.seek(0)
@@ -115,7 +106,7 @@ class NotebookPdb(pdb.Pdb):
         sys.stdout.flush()  # the cell's own output first
         relay = self._relay()
         event = {"text": text, "prompt": self.prompt, "number": self.asked, "pid": os.getpid()}
-        with unnoted():
+        with _quiet():
             ray.get(relay.push.remote(self.cell_id, 0, -1, [("input", event)]))
             answer = ray.get(relay.ask.remote(self.cell_id, UNATTENDED))
         if answer is None:
@@ -126,17 +117,24 @@ class NotebookPdb(pdb.Pdb):
         return str(answer).rstrip("\n") + "\n"
 
 
+_relays: dict[str, Any] = {}
+
+
+def _relay(name: str) -> Any:
+    """The output relay actor of this name, looked up once a process."""
+    relay = _relays.get(name)
+    if relay is None:
+        import ray
+
+        relay = _relays[name] = ray.get_actor(name)
+    return relay
+
+
 def _claimed(relay_name: str, cell_id: str, claimant: str) -> bool:
     import ray
 
-    from ._logs import unnoted
-    from ._remote import _relays
-
-    relay = _relays.get(relay_name)
-    if relay is None:
-        relay = _relays[relay_name] = ray.get_actor(relay_name)
-    with unnoted():
-        return bool(ray.get(relay.claim.remote(cell_id, claimant)))
+    with _quiet():
+        return bool(ray.get(_relay(relay_name).claim.remote(cell_id, claimant)))
 
 
 def stop_here(*args: Any, **kwargs: Any) -> None:
@@ -172,8 +170,15 @@ def set_trace(*, header: str | None = None) -> None:
         NotebookPdb(relay, cell_id).set_trace(sys._getframe().f_back)
 
 
-def install() -> None:
-    """Make :func:`stop_here` this process's ``breakpoint()`` (and ``pdb.set_trace``)."""
+#: What marks the debugger's own Ray calls as not the cell's work (``._logs.unnoted``, given by :func:`install`).
+_quiet: Callable[[], AbstractContextManager[Any]] = nullcontext
+
+
+def install(quiet: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
+    """Make :func:`stop_here` this process's ``breakpoint()`` (and ``pdb.set_trace``); ``quiet``: what marks the
+    debugger's own Ray calls as not the cell's work."""
+    global _quiet
+    _quiet = quiet
     sys.breakpointhook = stop_here
     pdb.set_trace = set_trace
 

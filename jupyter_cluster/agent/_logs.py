@@ -278,7 +278,7 @@ def setup_worker() -> None:
             _raylog.install(_raylog.marking_sink(sys.stderr))
         from . import _breakpoint, _deaths
 
-        _breakpoint.install()  # breakpoint() in a cell stops it for the notebook (not Ray's debugger on a port)
+        _breakpoint.install(unnoted)  # breakpoint() in a cell stops it for the notebook (not Ray's debugger on a port)
         _deaths.install_markers()  # an exit code, a fatal signal: said before the worker dies
         patch_submissions(_worker_note)
     except Exception:  # a worker must start whatever happens here
@@ -657,7 +657,7 @@ def install(loop: asyncio.AbstractEventLoop, emitter: Callable[[str], Callable[.
     worker.print_to_stdstream = lines.ray_stdstream
     from . import _breakpoint
 
-    _breakpoint.install()  # a --driver cell's breakpoint()
+    _breakpoint.install(unnoted)  # a --driver cell's breakpoint()
     logging.getLogger().addHandler(DriverCellLogs())
     return lines
 
