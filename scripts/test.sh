@@ -102,7 +102,8 @@ echo "::: the layers: lint-imports"
 # With no arguments, the sidebar's jest tests run first, then the whole suite as two pytest
 # processes side by side, of about the same length on two cores: the example notebooks, the
 # link-loss tests (which mostly wait out outages of 45 s or more), the Train/Tune runs, the
-# browser tests, the runtime_env tests (whose pip installs clone the virtualenv) and the tests whose
+# browser tests, the runtime_env tests (whose pip installs clone the virtualenv), the chatter of Ray's libraries'
+# runs (Train, Tune, Serve, RLlib), the wheel's build and install, and the tests whose
 # kernels start embedded clusters of their own in one, all the others in the other. Every test that lets the head find its Ray
 # (`--start-head`, `up`: a head started by this project is recorded in /tmp/jc-*, which any
 # head on this machine reads) runs in the main process, one at a time: with the two-host cluster
@@ -133,7 +134,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_environment.py tests/test_widgets.py"
+    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_environment.py tests/test_widgets.py tests/test_chatter.py tests/test_wheel.py"
 )
 ignore=()
 pids=()
