@@ -299,7 +299,8 @@ class RemoteCell:
                 self._fail(CellInterrupted(_interrupt_message(failure.message, self.label, self.where)))
             else:
                 error = remote_error(failure, self.spec.source, self.cell_id, self.label, self.where)
-                error.note = error.note or cause_in_output(self.stderr)
+                # Its real cause may be only in what Ray logged as errors while it ran (an RLlib env runner's).
+                error.note = error.note or cause_in_output(self.stderr + "\n" + data.get("ray_errors", ""))
                 self._fail(error)
             return
         if "map" in data:

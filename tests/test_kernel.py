@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -64,6 +67,28 @@ def test_rich_output_and_figures_reach_the_notebook(kernel: Kernel) -> None:
     assert any(d.get("text/html") == "<i>card</i>" for d in displays)
     assert any("image/png" in d for d in displays)
     assert "after" in _text(messages)
+
+
+def test_the_kernel_keeps_its_inline_figures_and_the_workers_draw_off_screen(kernel: Kernel) -> None:
+    """The agent and its workers draw off-screen; importing the agent's modules (a test process that then starts
+    kernels, a notebook poking at them) changes no environment a kernel inherits."""
+    probe = (
+        "import importlib, os, pkgutil, jupyter_cluster.agent as agent\n"
+        "for m in pkgutil.iter_modules(agent.__path__):\n"
+        "    if m.name != '__main__':\n"
+        "        importlib.import_module('jupyter_cluster.agent.' + m.name)\n"
+        "print(os.environ.get('MPLBACKEND'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None", "importing the agent's modules set MPLBACKEND"
+    reply, messages = kernel.execute("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
+    assert reply["status"] == "ok"
+    assert any("image/png" in m["content"]["data"] for m in messages if m["msg_type"] == "display_data")
+    reply, messages = kernel.execute("%%remote\nimport matplotlib\nmatplotlib.get_backend().lower()")
+    assert reply["status"] == "ok"
+    assert any(m["content"]["data"]["text/plain"] == "'agg'" for m in messages if m["msg_type"] == "execute_result")
 
 
 def test_remote_traceback_in_the_error_message(kernel: Kernel) -> None:

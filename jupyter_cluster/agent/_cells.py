@@ -308,7 +308,9 @@ class CellRunner:
             if cell.cancelled:
                 result["cancelled"] = cell.cancelled
             if self.lines is not None:
-                await self.lines.settle(spec.cell_id, time.time() - cell.started)
+                logged = await self.lines.settle(spec.cell_id, time.time() - cell.started)
+                if logged and (failure is not None or "map" in result):  # the cause may be only there
+                    result["ray_errors"] = logged
             emit("done", result, final=True)
         except CellRequestError as exc:
             failure = _request_failure(spec, str(exc))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -55,6 +56,8 @@ LINES_PER_SECOND = 200
 BURST = 2_000
 #: Lines the cluster's log keeps (the latest).
 LOG_LINES = 10_000
+#: Lines a cell keeps of what Ray logged as errors while it ran (the latest), for the cause of its failure.
+RAY_ERRORS_KEPT = 200
 #: Tasks whose cell the agent remembers (the latest noted).
 TASKS_KEPT = 200_000
 #: How long a line of a task not yet known waits for the note that names its cell.
@@ -270,6 +273,7 @@ def setup_worker() -> None:
 
         if worker.global_worker.mode != worker.WORKER_MODE:  # Ray runs the hook in the driver (the agent) too
             return
+        os.environ.setdefault("MPLBACKEND", "Agg")  # a worker of a cluster the agent did not start: off-screen
         if not isinstance(sys.stdout, MarkedStream):
             sys.stdout = _stdout = MarkedStream(sys.stdout)
             sys.stderr = MarkedStream(sys.stderr)
@@ -349,6 +353,9 @@ class WorkerLines:
         self.last_line: dict[str, float] = {}  # cell id -> when its workers last wrote
         self.started: set[str] = set()  # cells that started work (their end waits for its last lines)
         self.ray_warnings: dict[str, int] = {}  # cell id -> Ray's warnings while it ran (its note at the end)
+        #: Cell id -> the last lines Ray logged as errors while it ran: a failing cell's real cause may be only there
+        #: (an RLlib env runner that could not make its environment logs why, then RLlib fails with one of its own).
+        self.ray_errors: dict[str, deque[str]] = {}
         #: Cell id -> how the notebook names it ("Cell In[5]"), for the log's lines (the latest TASKS_KEPT // 100).
         self.labels: OrderedDict[str, str] = OrderedDict()
         from ._deaths import Deaths
@@ -503,6 +510,8 @@ class WorkerLines:
     ) -> None:
         if cell is not None and letter in _raylog.WARNING_LEVELS and self.emitter(cell) is not None:
             self.ray_warnings[cell] = self.ray_warnings.get(cell, 0) + 1
+            if letter in "EF":
+                self.ray_errors.setdefault(cell, deque(maxlen=RAY_ERRORS_KEPT)).extend(text.splitlines())
         logged.extend((now, stream, line) for line in text.splitlines())
 
     def _arm(self) -> None:
@@ -570,10 +579,10 @@ class WorkerLines:
         self.log.add(logged)
 
     # ----------------------------------------------------------- a cell's end
-    async def settle(self, cell_id: str, took: float = 0.0) -> None:
+    async def settle(self, cell_id: str, took: float = 0.0) -> str:
         """Before a cell that started work ends (``took`` seconds after it started): wait for its workers' last
         lines, which Ray's log monitor sends a moment after they are written (see :data:`QUIET`). Then say how many
-        lines went to the log for want of room."""
+        lines went to the log for want of room. Returns the last lines Ray logged as errors while it ran."""
         if cell_id in self.started:
             began = time.monotonic()
             quiet = min(QUIET_MOST, max(QUIET, took / 4))
@@ -588,8 +597,10 @@ class WorkerLines:
             flood.over = 0
         with self.lock:
             warned = self.ray_warnings.pop(cell_id, 0)
+            errors = self.ray_errors.pop(cell_id, ())
         if warned and emit is not None:
             emit("stream", [("display", ray_note(warned))])
+        return "\n".join(errors)
 
     def forget(self, cell_id: str) -> None:
         """The cell ended: later lines of its work go to the log."""
@@ -598,6 +609,7 @@ class WorkerLines:
             self.last_line.pop(cell_id, None)
             self.floods.pop(cell_id, None)
             self.ray_warnings.pop(cell_id, None)
+            self.ray_errors.pop(cell_id, None)
 
     @staticmethod
     def _over(count: int) -> str:

@@ -495,6 +495,9 @@ def read_secret_file(path: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # matplotlib draws off-screen in the agent and the workers of the cluster it starts (set here, not when a module
+    # is imported: a kernel that imports one must keep its inline backend).
+    os.environ.setdefault("MPLBACKEND", "Agg")
     if args.secret_file:  # before Ray starts: the file may carry the cluster's token
         os.environ["JUPYTER_CLUSTER_SECRET"] = read_secret_file(args.secret_file)
         args.secret_file = None

@@ -36,8 +36,6 @@ from ._interrupt import MainThreadCells, interrupt_process
 from ._logs import unnoted
 from ._sources import ModuleSource, install_sources
 
-os.environ.setdefault("MPLBACKEND", "Agg")
-
 _node_ip: str | None = None
 
 
