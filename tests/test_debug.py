@@ -198,3 +198,14 @@ def test_an_async_cells_breakpoint_goes_on_and_says_so(kernel: Kernel) -> None:
     while "went on" not in _printed(kernel, "print(later if isinstance(later, str) else 'pending')"):
         assert time.monotonic() < deadline, "the --async cell stayed stopped"
         time.sleep(0.5)
+
+
+def test_cluster_timeline_displays_a_cells_gantt_and_its_picture(kernel: Kernel) -> None:
+    kernel.ok("import time")
+    kernel.ok("%%remote --map i in range(6)\ntime.sleep(0.1)\nsquare = i * i\n")
+    messages = kernel.ok("%cluster timeline")
+    bundles = [m["content"]["data"] for m in messages if m["msg_type"] == "display_data"]
+    assert any(b.get("text/plain", "").startswith("<Timeline Cell In[") for b in bundles), bundles
+    assert any("application/vnd.jupyter.widget-view+json" in b for b in bundles), "no Gantt"
+    pictures = [b for b in bundles if "image/svg+xml" in b]
+    assert pictures and "<rect x=" in pictures[0]["image/svg+xml"], "no picture a saved notebook keeps"
