@@ -63,6 +63,25 @@ def test_a_cell_that_needs_more_memory_than_its_box_fails_within_a_minute_saying
             new_code_cell("print('next cell:', small)"),
             new_code_cell("%%remote --actor holder\nimport numpy as np\nbig = np.ones(5 * 2**30 // 8)"),
             new_code_cell("%%remote --actor holder\nsmall = 2"),
+            new_code_cell(
+                "import jupyter_cluster as jc\n"
+                "def greedy(config):\n"
+                "    import numpy as np\n"
+                "    big = np.ones(5 * 2**30 // 8)\n"
+                "result = jc.train_torch(greedy, num_workers=1)\n"
+                "print('run error:', result.error)"
+            ),
+            new_code_cell("%%remote\nafter_the_run = 1"),
+            new_code_cell(
+                "def hog(config):\n"
+                "    import numpy as np\n"
+                "    from ray import tune\n"
+                "    big = np.ones(config['size'])\n"
+                "    tune.report({'loss': float(big.size)})\n"
+                "sweep = jc.tune(hog, {'size': jc.grid_search([8, 5 * 2**30 // 8])}, metric='loss', mode='min')\n"
+                "print('trial errors:', list(sweep.errors.values()))\n"
+                "print('best:', sweep.best_result['loss'])"
+            ),
             new_code_cell("%cluster down"),
         ]
     )
@@ -91,3 +110,18 @@ def test_a_cell_that_needs_more_memory_than_its_box_fails_within_a_minute_saying
     actor_error = next(o for o in outputs[6] if o["output_type"] == "error")
     assert "holder" in actor_error["evalue"] and "ran out of memory" in actor_error["evalue"], actor_error["evalue"]
     assert not [o for o in outputs[7] if o["output_type"] == "error"], "the next cell of the actor's name runs"
+    # A run's failure is its result's error (as Ray Train's Result.error), and what its view says.
+    printed = "".join(o.get("text", "") for o in outputs[8] if o["output_type"] == "stream")
+    assert "run error: training failed: worker 0: it ran out of memory" in printed, [
+        (o["output_type"], o.get("text", ""), o.get("evalue", ""), o.get("data", {}).get("text/plain", ""))
+        for o in outputs[8]
+    ]
+    assert "resources_per_worker" in printed, "the advice names the run's own option"
+    html = [o.get("data", {}).get("text/html", "") for o in outputs[8]]
+    view = next(h for h in html if "jc-run-snapshot" in h)
+    assert "ran out of memory" in view and "HealthCheck" not in view, view
+    assert not [o for o in outputs[9] if o["output_type"] == "error"], "the cell after the run runs"
+    # A sweep's trial that ran out of memory is a failed trial, named so; the sweep goes on with the others.
+    assert not [o for o in outputs[10] if o["output_type"] == "error"], outputs[10]
+    printed = "".join(o.get("text", "") for o in outputs[10] if o["output_type"] == "stream")
+    assert "trial errors: ['it ran out of memory" in printed and "best: 8.0" in printed, printed

@@ -395,7 +395,9 @@ class CellRunner:
                 watching_until = time.monotonic() + DEATH_SETTLE  # Ray's events of the death take a moment
             if time.monotonic() > watching_until:
                 continue
-            for cell in [c for c in self.running.values() if c.mode != "driver" and not c.death]:
+            # A run's workers and trials are Ray Train's and Ray Tune's to fail (a run's result names the death).
+            running = self.running.values()
+            for cell in [c for c in running if c.mode != "driver" and not c.death and not c.options.get("ephemeral")]:
                 try:
                     dead = await asyncio.to_thread(_dead_workers, lines, cell.cell_id)
                 except Exception:

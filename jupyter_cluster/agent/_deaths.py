@@ -48,6 +48,13 @@ MEMORY_ADVICE = (
     "Give each task less data (smaller batches, more items), or reserve what it needs with --memory SIZE "
     "(Ray then runs it only where that much is free)"
 )
+#: Ray's errors for a worker that died (or stopped answering) under a run or a trial.
+RAY_DEATHS = ("ActorDiedError", "RayActorError", "WorkerCrashedError", "WorkerHealthCheckFailedError")
+#: What to do, after a run's worker died for memory.
+RUN_MEMORY_ADVICE = (
+    "Give each worker less data (smaller batches, a smaller model), or reserve what each needs with "
+    'resources_per_worker={"CPU": 1, "memory": BYTES} (Ray then starts it only where that much is free)'
+)
 #: Deaths remembered, the latest.
 KEPT = 1_000
 #: How long naming a death waits for the dead worker's last line; how recent a memory kill names one.
@@ -201,8 +208,8 @@ def _here() -> str:
     return str(ray.util.get_node_ip_address())
 
 
-def memory_death(ray_said: str = "", ip: str = "") -> str:
-    """A memory death in words: which node, what it had and used, what to do."""
+def memory_death(ray_said: str = "", ip: str = "", advice: str = MEMORY_ADVICE) -> str:
+    """A memory death in words: which node, what it had and used, what to do (``advice``)."""
     match = RAY_OOM.search(ray_said)
     if match:
         ip = match.group(1)
@@ -212,7 +219,25 @@ def memory_death(ray_said: str = "", ip: str = "") -> str:
         held = _own_memory_said()
         by = "the kernel's OOM killer" if not ray_said else "Ray's memory monitor"
     where = f"node {ip}" if ip else "its node"
-    return f"it ran out of memory: {by} killed its worker on {where} ({held}). {MEMORY_ADVICE}."
+    return f"it ran out of memory: {by} killed its worker on {where} ({held}). {advice}."
+
+
+def memory_failure(error: BaseException | str, kills_before: int | None) -> str | None:
+    """Whether ``error`` (of a worker of a training run, of a trial; or its text) was its worker's death for memory:
+    Ray's memory monitor's words in it, or one of Ray's errors of a dead worker after a kill by the kernel in this
+    node's cgroup since ``kills_before`` (:func:`oom_kills` when the work started). Its words (:func:`memory_death`,
+    with a run's advice), or None. A ``MemoryError`` the user's code raised is its own error: not this."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    if RAY_OOM.search(text):
+        return memory_death(text, advice=RUN_MEMORY_ADVICE)
+    if not isinstance(error, str) and not type(error).__module__.startswith("ray."):
+        return None
+    if not any(name in text for name in RAY_DEATHS):
+        return None
+    now = oom_kills()
+    if kills_before is not None and now is not None and now > kills_before:
+        return memory_death(ip=_here(), advice=RUN_MEMORY_ADVICE)
+    return None
 
 
 def _own_memory_said() -> str:

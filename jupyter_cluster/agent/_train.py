@@ -263,6 +263,9 @@ def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> di
             print(note, flush=True)
     send("train", {"type": "start", "time": time.time(), "num_workers": num_workers, "name": name})
     started = time.time()
+    from ._deaths import oom_kills
+
+    kills = oom_kills()  # a worker the kernel kills for memory: named so, not as a failed health check
     summary: dict[str, Any] = {"name": name, "storage": storage, "node": ray.util.get_node_ip_address()}
     summary["left_out"] = left_out
     try:
@@ -271,7 +274,7 @@ def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> di
         _abort()
         raise
     except Exception as exc:  # the workers' own errors reached the notebook already, with their frames
-        summary.update(error=_why(exc), error_type=type(exc).__name__)
+        summary.update(error=_why(exc, kills), error_type=type(exc).__name__)
         summary["checkpoint"] = None
     else:
         summary.update(
@@ -293,14 +296,18 @@ def run_train_with(
     return run_train(train_func, {**spec, "datasets": datasets})
 
 
-def _why(exc: BaseException) -> str:
-    """A training failure in a few lines: each failed worker's error, not Ray's wrapping."""
+def _why(exc: BaseException, kills_before: int | None = None) -> str:
+    """A training failure in a few lines: each failed worker's error, not Ray's wrapping; a worker that died for
+    memory (see :func:`._deaths.memory_failure`; ``kills_before``: the kernel's OOM kills when the run started), so."""
+    from ._deaths import memory_failure
+
     failures = getattr(exc, "worker_failures", None)
     if failures:
         lines = []
         for rank, error in sorted(failures.items()):
             base = getattr(error, "_base_exc", error)
-            lines.append(f"worker {rank}: {type(base).__name__}: {base}")
+            memory = memory_failure(base, kills_before)
+            lines.append(f"worker {rank}: {memory}" if memory else f"worker {rank}: {type(base).__name__}: {base}")
         return "training failed: " + "; ".join(lines)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"

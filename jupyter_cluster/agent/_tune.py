@@ -146,6 +146,9 @@ def _callback_class() -> type:
             self.with_metric = False
             self.results = 0
             self.stopped: set[str] = set()
+            from ._deaths import oom_kills
+
+            self.kills = oom_kills()  # a trial's worker the kernel kills for memory: named so (see _trial_error)
 
         def _trial(self, trial: Any, state: str, **extra: Any) -> None:
             self.send(
@@ -205,18 +208,21 @@ def _callback_class() -> type:
             self._trial(trial, "STOPPED" if trial.trial_id in self.stopped else "TERMINATED")
 
         def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-            self._trial(trial, "ERROR", error=_trial_error(trial))
+            self._trial(trial, "ERROR", error=_trial_error(trial, self.kills))
 
     return TrialEvents
 
 
-def _trial_error(trial: Any) -> str:
+def _trial_error(trial: Any, kills_before: int | None = None) -> str:
+    """A failed trial's error in a line (its worker's death for memory in words: see ._deaths.memory_failure)."""
+    from ._deaths import memory_failure
+
     error = getattr(trial, "error_file", None) or ""
     try:
         if error and os.path.exists(error):
             with open(error) as f:
-                text = f.read().strip().splitlines()
-                return text[-1] if text else ""
+                whole = f.read().strip()
+            return memory_failure(whole, kills_before) or (whole.splitlines()[-1] if whole else "")
     except OSError:
         pass
     return str(getattr(trial, "status", ""))
@@ -289,7 +295,7 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
                 "config": plain(result.config),
                 "iterations": metrics.get("training_iteration", 0),
                 "metrics": {k: v for k, v in metrics.items() if k not in BOOKKEEPING},
-                "error": _error_line(result.error),
+                "error": _error_line(result.error, callback.kills),
                 "checkpoint": result.checkpoint.path if result.checkpoint is not None else None,
             }
         )
@@ -320,9 +326,14 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _error_line(error: BaseException | None) -> str | None:
+def _error_line(error: BaseException | None, kills_before: int | None = None) -> str | None:
     if error is None:
         return None
+    from ._deaths import memory_failure
+
+    memory = memory_failure(error, kills_before)
+    if memory:
+        return memory
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[-1] if lines else ''}"
 
