@@ -153,7 +153,7 @@ class CellRunner:
 
     def timeline(self, cell_id: str) -> dict[str, Any]:
         """The tasks and actor calls cell ``cell_id`` ran (see ._timeline); run off the event loop."""
-        from ._timeline import spans
+        from ._timeline import RECENT, SETTLE, spans
 
         cell = self.running.get(cell_id)
         known = (
@@ -164,7 +164,10 @@ class CellRunner:
         if known is None:
             raise CellRequestError(f"the agent knows no cell {cell_id} (it keeps the last {ENDED_KEPT:,})")
         tasks = self.lines.tasks_of(cell_id) if self.lines is not None else set()
-        return {**known, "cell_id": cell_id, "spans": spans(tasks)}
+        # A cell that just ended: the last events of its tasks may be on their way. One running, or long ended: as is.
+        ended = known["end"]
+        recent = isinstance(ended, float) and time.time() - ended < RECENT
+        return {**known, "cell_id": cell_id, "spans": spans(tasks, SETTLE if recent else 0.0)}
 
     def kill_actor(self, name: str) -> bool:
         """Kill actor ``name`` (its namespace and whatever it runs); False if there is none."""

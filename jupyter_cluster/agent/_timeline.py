@@ -22,8 +22,10 @@ from typing import Any
 RAY_INTERNALS = "ray._private.state.state._connect_and_get_accessor().get_task_events()"
 #: States that end a task attempt.
 ENDED = ("FINISHED", "FAILED")
-#: How long a timeline waits for the last events of its cell's tasks.
-SETTLE = 4.0
+#: How long a timeline waits for the last events of its cell's tasks (on a busy machine they came seconds late),
+#: when its cell ended less than RECENT seconds ago.
+SETTLE = 8.0
+RECENT = 30.0
 #: Spans sent at most; past that, a worker's consecutive spans of one name are merged.
 MAX_SPANS = 20_000
 #: What the notebook calls this project's own task functions.
@@ -71,7 +73,9 @@ def spans(tasks: set[str], settle: float = SETTLE) -> list[dict[str, Any]]:
                 entry["pid"] = updates.worker_pid
             if updates.HasField("error_info"):
                 entry["error"] = common_pb2.ErrorType.Name(updates.error_info.error_type)  # type: ignore[attr-defined]
-        settled = all(any(s in entry["ts"] for s in ENDED) for entry in merged.values())
+        # Every task heard of, and each attempt ended (none heard of yet is not settled: their events are on the way).
+        heard = {entry["task"] for entry in merged.values()}
+        settled = heard >= tasks and all(any(s in entry["ts"] for s in ENDED) for entry in merged.values())
         if settled or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
