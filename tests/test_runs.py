@@ -66,7 +66,8 @@ def train_ok(config: dict[str, Any]) -> None:
 
 def test_bad_input_is_refused_before_anything_runs(cluster: jc.Cluster) -> None:
     cases: list[tuple[Any, str]] = [
-        (lambda: jc.train_torch(train_ok, num_workers=0), "num_workers must be a positive whole number"),
+        (lambda: jc.train_torch(train_ok, num_workers=-1), "num_workers must be a whole number (0: Ray Train's local"),
+        (lambda: jc.train_torch(train_ok, num_workers=0, use_gpu=True), "use_gpu=True needs num_workers=1 or more"),
         (lambda: jc.train_torch(train_ok, num_workers="2"), "not '2'"),
         (lambda: jc.train_torch(train_ok, num_workers=2, use_gpu="yes"), "use_gpu must be True or False"),
         (lambda: jc.train_torch("train_ok", num_workers=2), "train_func must be a function"),
