@@ -125,3 +125,68 @@ def test_a_cell_that_needs_more_memory_than_its_box_fails_within_a_minute_saying
     assert not [o for o in outputs[10] if o["output_type"] == "error"], outputs[10]
     printed = "".join(o.get("text", "") for o in outputs[10] if o["output_type"] == "stream")
     assert "trial errors: ['it ran out of memory" in printed and "best: 8.0" in printed, printed
+
+
+#: A kernel in a box as a container sees it: the memory cgroup $1 mounted over /sys/fs/cgroup/memory (so Ray's
+#: memory monitor reads the box's limit and use, as in Docker), in a mount namespace of its own.
+CONTAINER = """#!/bin/sh
+echo $$ > "$1/cgroup.procs"
+exec unshare -m sh -c 'mount --bind "$0" /sys/fs/cgroup/memory && exec "$1" -m ipykernel_launcher -f "$2"' \\
+    "$1" {python} "$2"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_worker_rays_memory_monitor_kills_is_named_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's memory monitor, not the kernel, kills a worker that grows slowly past Ray's threshold (here 60% of a
+    3 GiB box that Ray sees as a container's): the cell fails at once saying so, with what the node had and used."""
+    import sys
+
+    from nbclient import NotebookClient
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists() or not shutil.which("unshare"):
+        pytest.skip("needs root, cgroup v1's memory controller at /sys/fs/cgroup/memory, and unshare")
+    cgroup = CGROUP_V1 / f"jc-monitor-{os.getpid()}"
+    cgroup.mkdir()
+    wrapper = tmp_path / "container-kernel.sh"
+    wrapper.write_text(CONTAINER.format(python=sys.executable))
+    wrapper.chmod(0o755)
+    spec = tmp_path / "jupyter" / "kernels" / "python3-container"
+    spec.mkdir(parents=True)
+    argv = [str(wrapper), str(cgroup), "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "container", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("RAY_memory_usage_threshold", "0.6")
+    grow = (
+        "%%remote\nimport time\nimport numpy as np\nheld = []\n"
+        "for _ in range(40):\n    held.append(np.ones(64 * 2**20 // 8))\n    time.sleep(0.1)"
+    )
+    nb = new_notebook(
+        cells=[
+            new_code_cell("%load_ext jupyter_cluster\n%cluster local --cpus 2 --object-store 200MiB"),
+            new_code_cell(grow),
+            new_code_cell("%%remote\nsmall = 40 + 2"),
+            new_code_cell("%cluster down"),
+        ]
+    )
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(3 * 2**30))
+        NotebookClient(nb, timeout=300, kernel_name="python3-container", allow_errors=True).execute()
+    finally:
+        for _ in range(50):
+            pids = (cgroup / "cgroup.procs").read_text().split()
+            if not pids:
+                break
+            subprocess.run(["kill", "-9", *pids], capture_output=True)
+            time.sleep(0.2)
+        cgroup.rmdir()
+    outputs = [c.get("outputs", []) for c in nb.cells]
+    assert not [o for o in outputs[0] if o["output_type"] == "error"], outputs[0]
+    error = next((o for o in outputs[1] if o["output_type"] == "error"), None)
+    assert error is not None, f"the growing cell did not fail: {outputs[1]}"
+    message = error["evalue"]
+    assert "ran out of memory: Ray's memory monitor killed its worker on node" in message, message
+    assert "GB were in use" in message and "--memory" in message, message
+    assert not [o for o in outputs[2] if o["output_type"] == "error"], "the next cell runs"

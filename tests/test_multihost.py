@@ -6,6 +6,7 @@ from __future__ import annotations
 # ruff: noqa: F811
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -57,6 +58,22 @@ def test_up_makes_a_two_node_cluster_and_down_stops_it(ssh_hosts: Any, tmp_path:
         assert outputs["node"] == worker.host, "it ran on the worker host"
         assert outputs["rows"] == ["a,b", "1,2"]
         assert not outputs["cwd"].startswith(str(folder)), "a copy Ray unpacked on that node"
+
+        # The worker host is lost under a cell (its raylet killed): the cell fails naming the node; the next runs.
+        lost = cluster.run_cell("import time\ntime.sleep(300)", resources=on_worker, retries=0)
+        deadline = time.monotonic() + 120
+        while lost.status != "running":
+            assert time.monotonic() < deadline and not lost.done(), f"the cell did not start: {lost.status}"
+            time.sleep(0.2)
+        time.sleep(1)
+        pids = subprocess.run(["ip", "netns", "pids", worker.netns], capture_output=True, text=True).stdout.split()
+        raylets = [p for p in pids if _exists(p) and "raylet" in _cmdline(p).split(" ")[0]]
+        assert raylets, "no raylet on the worker host"
+        subprocess.run(["kill", "-9", *raylets], check=True)
+        with pytest.raises(jc.RemoteError) as info:
+            lost.result(180)
+        assert f"the node it ran on, {worker.host}, was lost" in str(info.value), str(info.value)
+        assert cluster.run_cell("after = 40 + 2").result(120).outputs["after"] == 42
     finally:
         cluster.down()
         if previous is not None and previous.alive:
