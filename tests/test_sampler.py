@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +161,21 @@ def test_bad_extra_nodes_are_ignored_with_a_warning(monkeypatch: Any, caplog: An
 
     asyncio.run(scenario())
     assert "JUPYTER_CLUSTER_METRICS_NODES" in caplog.text
+
+
+def test_a_sampler_outside_a_ray_driver_neither_starts_nor_joins_a_cluster() -> None:
+    """Ray's API starts or joins a cluster on first use (``ray.init``), and a process so joined is ended by Ray when
+    that cluster ends: a sampler in a process with Ray imported but not connected must not touch it."""
+    code = (
+        "import asyncio, ray\n"
+        "from jupyter_cluster.agent._sampler import MetricsSampler\n"
+        "async def main():\n"
+        "    sampler = MetricsSampler(asyncio.get_running_loop(), list_nodes=lambda: [])\n"
+        "    own = sampler._own_node()\n"
+        "    sampler.close()\n"
+        "    return own\n"
+        "print(asyncio.run(main()), ray.is_initialized())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "False"], done.stdout + done.stderr

@@ -356,12 +356,15 @@ class MetricsSampler:
     def _own_node(self) -> str | None:
         """The node the agent runs on (its memory is read from its own cgroup where Ray read another)."""
         if not hasattr(self, "_own"):
-            try:
-                import ray
-
-                self._own: str | None = ray.get_runtime_context().get_node_id()
-            except Exception:
-                self._own = None
+            # Not `import ray` and its runtime context where this process is no driver: Ray would start or join a
+            # cluster for it (ray.init on first use), and exit this process when that cluster ends.
+            ray: Any = sys.modules.get("ray")
+            self._own: str | None = None
+            if ray is not None and ray.is_initialized():
+                try:
+                    self._own = ray.get_runtime_context().get_node_id()
+                except Exception:
+                    self._own = None
         return self._own
 
     def _read(self, node_id: str, endpoint: Endpoint) -> tuple[NodeSample, float]:
