@@ -132,7 +132,7 @@ def test_debug_and_breakpoint_work_over_ssh_after_a_dropped_link(
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "jupyter_cluster")
-    assert jc.current() is head
+    jc._cluster.attach(head)  # the magics' cluster (a test before this one connected to, and stopped, another)
     ip.run_cell("def inner(v):\n    local = v * 2\n    return local / 0\n")
     assert not ip.run_cell("%%remote\nvalue = 21\nout = inner(value)\n").success
     head._link.drop_connection()  # as a network failure would: the link reconnects and resumes the session

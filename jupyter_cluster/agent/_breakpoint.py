@@ -108,7 +108,12 @@ class NotebookPdb(pdb.Pdb):
         event = {"text": text, "prompt": self.prompt, "number": self.asked, "pid": os.getpid()}
         with _quiet():
             ray.get(relay.push.remote(self.cell_id, 0, -1, [("input", event)]))
-            answer = ray.get(relay.ask.remote(self.cell_id, UNATTENDED))
+            try:
+                answer = ray.get(relay.ask.remote(self.cell_id, UNATTENDED))
+            except ray.exceptions.TaskCancelledError:
+                # The cell was interrupted at the prompt: Ray cancels its task and, with it, this wait for a command,
+                # which may fail here before the task's own interrupt arrives. Either way the stop ends as one.
+                raise KeyboardInterrupt from None
         if answer is None:
             raise TimeoutError(
                 f"breakpoint(): no command came from the notebook for {UNATTENDED / 60:.0f} minutes; the cell ended "
