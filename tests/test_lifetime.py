@@ -154,3 +154,27 @@ def test_an_embedded_cluster_that_cannot_start_says_why() -> None:
     message = str(caught.value)
     assert "did not start" in message and "(no log)" not in message, message
     assert "object store" in message.lower() or "object_store" in message.lower(), message
+
+
+def test_a_new_clusters_first_cells_wait_for_its_warm_up_and_its_relay_outlives_it() -> None:
+    """The agent serves as soon as Ray has started, and warms up a worker per CPU and its output relay meanwhile. A
+    ``--map`` cell sent the moment ``%cluster local`` returns waits for them and runs, its items' lines in its
+    output; so does one sent once the warm-up is over (the relay, not detached, lived only as long as the handle
+    that made it, which the warm-up let go of: that cell's items failed with "actor died")."""
+    kernel = Kernel()
+    try:
+        code = "%%remote --map i in range(4)\nprint('item', i)\nsq = i * i"
+        kernel.ok("%load_ext jupyter_cluster\n%cluster local --cpus 2")
+        reply, messages = kernel.execute(code, timeout=180)  # at once: the warm-up is still under way
+        assert reply["status"] == "ok", messages
+        printed = text(messages)
+        assert all(f"item {i}" in printed for i in range(4)), printed
+        log = text(kernel.ok("import jupyter_cluster as jc\nprint(open(jc.current()._agent.log).read())"))
+        assert "the output relay is up" in log, log[-3000:]
+        time.sleep(2)  # the warm-up's thread and its handle gone
+        reply, messages = kernel.execute(code.replace("sq = ", "cube = i * "), timeout=120)
+        assert reply["status"] == "ok", text(messages)
+        assert text(kernel.ok("print(sq, cube)")).strip() == "[0, 1, 4, 9] [0, 1, 8, 27]"
+    finally:
+        kernel.kc.stop_channels()
+        kernel.km.shutdown_kernel(now=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable
@@ -111,6 +112,8 @@ def _dead_workers(lines: WorkerLines, cell_id: str) -> list[dict[str, Any]]:
 
 #: How many ended cells the agent remembers (for their timelines).
 ENDED_KEPT = 1_000
+#: The longest a cell sent in the agent's first moments waits for its start-up warm-up (see ``CellRunner.warm``).
+WARM_WAIT = 90.0
 #: How often the agent looks for a memory kill in its cgroup, and how long after one it looks for the cell it hit.
 DEATH_WATCH = 1.0
 DEATH_SETTLE = 15.0
@@ -124,6 +127,10 @@ class CellRunner:
         self.driver = driver
         self.table = ObjectTable()
         self.cluster = ClusterResources()
+        #: Set once the workers and the output relay the agent started with are up (see ._main.warm_up): a cell
+        #: sent before waits for them, rather than for the relay in each of its tasks.
+        self.warm = threading.Event()
+        self.warm.set()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.output = OutputPump(loop, self.node_id)
         self.running: dict[str, RunningCell] = {}
@@ -256,6 +263,8 @@ class CellRunner:
         cell still running) raises :class:`CancelledBeforeStart`: nothing has started
         that a cancel could stop, so it must not start now."""
         args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(cell.spec.sources))
+        if not self.warm.is_set():  # the agent's first moments: the workers and the output relay are starting
+            await asyncio.to_thread(self.warm.wait, WARM_WAIT)
         if cell.cancelled:
             raise CancelledBeforeStart
         return args

@@ -146,10 +146,12 @@ def init_ray(args: argparse.Namespace) -> None:
     if args.ship:
         # The agent's code was shipped to this head only: Ray carries it to every worker.
         runtime_env["py_modules"] = [os.path.join(args.ship, "jupyter_cluster")]
+    started = time.monotonic()
     if not args.local:
         ray.init(**kwargs)
     else:
         _init_local(ray, kwargs)
+    log.info("ray.init took %.2f s", time.monotonic() - started)
     # Ray prints its workers' lines to the driver's stdout, which is the agent's announcement to the
     # kernel: the agent routes them itself (see ._logs), from before the first worker writes.
     from ray._private import worker
@@ -159,11 +161,36 @@ def init_ray(args: argparse.Namespace) -> None:
     # warm-up (a worker's push to it before it runs is held back; see _remote.announce).
     from ._output import start_relay
 
-    start_relay()
+    relay = start_relay()
     from ._sizing import small_machine
 
-    if args.local and not small_machine():  # (a small container's idle workers end at once)
-        wait_for_workers(int(ray.available_resources().get("CPU", 0)))
+    # A worker per CPU, on the embedded cluster (a small container's idle workers end at once): both warm up while
+    # the agent starts serving, and the first cell waits for them only if it comes first (CellRunner.warm).
+    workers = int(ray.available_resources().get("CPU", 0)) if args.local and not small_machine() else 0
+    threading.Thread(target=warm_up, args=(relay, workers), daemon=True, name="jupyter-cluster-warm-up").start()
+
+
+#: Set once :func:`warm_up` is done (the runner's ``warm``).
+WARMED = threading.Event()
+
+#: The longest the warm-up waits for the output relay.
+RELAY_WAIT = 60.0
+
+
+def warm_up(relay: Any, workers: int) -> None:
+    """Until ``workers`` worker processes and the output relay are up. A cell's tasks each tell the relay that they
+    run, and a relay still starting held the first cell of a new cluster up to 2 s."""
+    import ray
+
+    started = time.monotonic()
+    try:
+        wait_for_workers(workers)
+        ray.get(relay.__ray_ready__.remote(), timeout=RELAY_WAIT)
+        log.info("the output relay is up, %.1f s after it was started", time.monotonic() - started)
+    except Exception:
+        log.warning("the output relay was not up within %.0f s", RELAY_WAIT, exc_info=True)
+    finally:
+        WARMED.set()
 
 
 #: How often the embedded cluster's start is tried when Ray says it timed out starting.
@@ -406,6 +433,7 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
         raise SystemExit("no session secret (JUPYTER_CLUSTER_SECRET or --secret-file): refusing to serve")
     loop = asyncio.get_running_loop()
     runner = CellRunner(loop, driver)
+    runner.warm = WARMED
     from . import _logs, _progress
     from ._environment import Environments
     from ._sync import SyncedFolders
@@ -423,6 +451,7 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     stop.append(lambda: loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.stop())))
     import ray
 
+    log.info("serving on %s", args.socket)
     announce({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__})
     watcher = asyncio.ensure_future(watch(server, args))
     await server.stopped.wait()
@@ -508,6 +537,7 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    log.info("agent process up: Python and the agent's modules imported")
     reaper = Reaper()
     if args.parent_pid is not None:  # from before Ray starts: a kernel gone meanwhile takes its Ray along
         reaper.watch_parent(args.parent_pid)

@@ -90,11 +90,18 @@ def relay_name() -> str:
 def start_relay(node_id: str | None = None) -> Any:
     """The agent's output relay, on its own node: made, or the one made already (see ``init_ray``)."""
     node_id = node_id or ray.get_runtime_context().get_node_id()
-    return OutputRelay.options(  # type: ignore[attr-defined]
+    relay = OutputRelay.options(  # type: ignore[attr-defined]
         name=relay_name(),
         get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote()
+    # The relay is not detached: Ray ends it once the handle that created it is gone (a handle found by its name
+    # does not keep it), so every handle this returned is kept while the agent runs (one more per restart).
+    _handles.append(relay)
+    return relay
+
+
+_handles: list[Any] = []
 
 
 class OutputPump:
