@@ -88,25 +88,29 @@ def test_where_ray_differs_the_run_keeps_rays_defaults_and_says_so(monkeypatch: 
 
 
 def test_an_autoscaler_is_seen_from_its_monitors_command_line(cluster: jc.Cluster) -> None:
-    """Ray's monitor with an autoscaling config: an autoscaler; the embedded cluster's (none): no autoscaler."""
-    assert _lean.autoscaled() is False  # the shared embedded cluster's read-only monitor
-    fake = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import time; time.sleep(60)",
-            "/x/ray/autoscaler/v2/monitor.py",
-            "--autoscaling-config=/tmp/cluster.yaml",
-        ]
-    )
+    """Ray's monitor of this cluster with an autoscaling config: an autoscaler; the embedded cluster's (none): no
+    autoscaler. Another cluster's monitor on the same machine, with an autoscaler, says nothing of this one."""
+    gcs = cluster.run_cell("import ray\nray.get_runtime_context().gcs_address", mode="driver").result(60).value
+    assert _lean.autoscaled(gcs) is False  # the shared embedded cluster's read-only monitor
+    monitor = [sys.executable, "-c", "import time; time.sleep(60)", "/x/ray/autoscaler/v2/monitor.py"]
+    another = subprocess.Popen([*monitor, "--autoscaling-config=/tmp/other.yaml", "--gcs-address=10.9.9.9:6379"])
     try:
         deadline = time.monotonic() + 10
-        while _lean.autoscaled() is not True:
+        while _lean.autoscaled("10.9.9.9:6379") is not True:
             assert time.monotonic() < deadline, "a monitor with an autoscaling config was not seen"
             time.sleep(0.1)
+        assert _lean.autoscaled(gcs) is False, "another cluster's autoscaler was taken for this one's"
+        ours = subprocess.Popen([*monitor, "--autoscaling-config=/tmp/cluster.yaml", f"--gcs-address={gcs}"])
+        try:
+            while _lean.autoscaled(gcs) is not True:
+                assert time.monotonic() < deadline, "this cluster's monitor with an autoscaling config was not seen"
+                time.sleep(0.1)
+        finally:
+            ours.kill()
+            ours.wait()
     finally:
-        fake.kill()
-        fake.wait()
+        another.kill()
+        another.wait()
 
 
 def model_creator(config: dict[str, Any]) -> Any:

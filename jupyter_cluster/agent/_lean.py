@@ -107,12 +107,18 @@ def problems() -> list[str]:
     return found
 
 
-def autoscaled() -> bool | None:
-    """Whether this head's cluster has an autoscaler: Ray's monitor runs here with an autoscaling config (True),
-    without one, Ray's read-only stand-in (False); None when no monitor runs here (its autoscaler, if any, is
-    elsewhere: KubeRay's container, say)."""
+def autoscaled(gcs_address: str | None = None) -> bool | None:
+    """Whether this head's cluster has an autoscaler: Ray's monitor of the cluster runs here with an autoscaling
+    config (True), without one, Ray's read-only stand-in (False); None when no monitor of it runs here (its
+    autoscaler, if any, is elsewhere: KubeRay's container, say).
+
+    The cluster is the one at ``gcs_address`` (by default, the one this process is a driver or worker of): a machine
+    may run other Ray clusters, and another's autoscaler says nothing of this one (one with an autoscaler beside it
+    made a run on the embedded cluster keep every helper)."""
     import psutil
 
+    if gcs_address is None:
+        gcs_address = _own_gcs_address()
     seen = False
     for process in psutil.process_iter(["cmdline"]):
         try:
@@ -121,10 +127,25 @@ def autoscaled() -> bool | None:
             continue
         if not any(arg.endswith(("autoscaler/_private/monitor.py", "autoscaler/v2/monitor.py")) for arg in cmdline):
             continue
+        if gcs_address is not None and f"--gcs-address={gcs_address}" not in cmdline:
+            continue  # another cluster's
         seen = True
         if any(arg.startswith("--autoscaling-config=") and arg.split("=", 1)[1] for arg in cmdline):
             return True
     return False if seen else None
+
+
+def _own_gcs_address() -> str | None:
+    """The GCS address of the cluster this process is connected to, if it is (Ray is not imported for it)."""
+    import sys
+
+    ray: Any = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:
+        return None
 
 
 _made: dict[str, Any] = {}

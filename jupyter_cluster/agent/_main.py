@@ -123,6 +123,14 @@ def init_ray(args: argparse.Namespace) -> None:
         from ._logs import LOG_SCAN
 
         os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", LOG_SCAN)  # Ray's log monitor, started by ray.init
+        hook_variable = getattr(ray._private.ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR", None)
+        if hook_variable:
+            # The embedded cluster's workers inherit this process's environment (its raylet is a child of it), and
+            # a worker runs the hook its environment names (Ray's own variable, which the runtime_env field sets).
+            # Set here, the job has no runtime_env, and Ray starts its workers ahead at ray.init: it starts none
+            # ahead for a job with one, and a first cell waited some 2.5 s for them.
+            os.environ[hook_variable] = SETUP_HOOK
+            del runtime_env["worker_process_setup_hook"]
         # "local": a Ray of our own even where `ray start` left one running (plain
         # ray.init() would join that one, and refuse the CPU count).
         kwargs.update(
@@ -146,6 +154,8 @@ def init_ray(args: argparse.Namespace) -> None:
     if args.ship:
         # The agent's code was shipped to this head only: Ray carries it to every worker.
         runtime_env["py_modules"] = [os.path.join(args.ship, "jupyter_cluster")]
+    if not runtime_env:
+        kwargs["runtime_env"] = None
     started = time.monotonic()
     if not args.local:
         ray.init(**kwargs)
