@@ -9,9 +9,13 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -198,17 +202,43 @@ exec unshare -m sh -c 'mount -t tmpfs -o size={shm} tmpfs /dev/shm && exec "$0" 
 """
 
 
-def _binder_kernel(tmp_path: Path, cgroup: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A kernelspec ``python3-binder`` whose kernel (and all it starts: the agent, Ray) runs in ``cgroup``."""
-    wrapper = tmp_path / "binder-kernel.sh"
-    wrapper.write_text(WRAPPER.format(shm=SHM, python=sys.executable))
-    wrapper.chmod(0o755)
-    spec = tmp_path / "jupyter" / "kernels" / "python3-binder"
+def skip_without_boxes() -> None:
+    """Skip where a kernel cannot be put in a box: it takes root, cgroup v1's memory controller and unshare."""
+    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists() or not shutil.which("unshare"):
+        pytest.skip("needs root, cgroup v1's memory controller at /sys/fs/cgroup/memory, and unshare")
+
+
+def boxed_kernel(
+    tmp_path: Path, cgroup: Path, monkeypatch: pytest.MonkeyPatch, wrapper: str, name: str, display_name: str
+) -> str:
+    """A kernelspec ``name`` whose kernel (and all it starts: the agent, Ray) runs in ``cgroup``, started by the
+    shell script ``wrapper`` (its arguments: the cgroup and the connection file)."""
+    script = tmp_path / f"{name}.sh"
+    script.write_text(wrapper)
+    script.chmod(0o755)
+    spec = tmp_path / "jupyter" / "kernels" / name
     spec.mkdir(parents=True)
-    argv = [str(wrapper), str(cgroup), "{connection_file}"]
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Binder-sized", "language": "python"}))
+    argv = [str(script), str(cgroup), "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": display_name, "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    return "python3-binder"
+    return name
+
+
+def _binder_kernel(tmp_path: Path, cgroup: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A kernelspec ``python3-binder`` whose kernel runs in ``cgroup``, with Docker's 64 MiB /dev/shm."""
+    wrapper = WRAPPER.format(shm=SHM, python=sys.executable)
+    return boxed_kernel(tmp_path, cgroup, monkeypatch, wrapper, "python3-binder", "Binder-sized")
+
+
+def remove_box(cgroup: Path) -> None:
+    """Kill what is left in ``cgroup`` and remove it (the kernel's processes leave the cgroup as they exit)."""
+    for _ in range(50):
+        pids = (cgroup / "cgroup.procs").read_text().split()
+        if not pids:
+            break
+        subprocess.run(["kill", "-9", *pids], capture_output=True)
+        time.sleep(0.2)
+    cgroup.rmdir()
 
 
 @pytest.mark.slow
@@ -222,15 +252,9 @@ def test_each_example_runs_in_2_gib_with_a_small_dev_shm(
     tests/artifacts/binder-peaks.json: of anonymous memory (the cgroup's ``total_rss``, sampled every 0.2 s: what
     the processes hold, page cache aside), which must stay within :data:`ANON_TARGET` so that a box a little fuller
     than this one still holds it, and the cgroup's ``memory.max_usage_in_bytes`` (page cache included)."""
-    import os
-    import shutil
-    import subprocess
-    import time
-
     from .test_examples import EXPECTED, execute
 
-    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists() or not shutil.which("unshare"):
-        pytest.skip("needs root, cgroup v1's memory controller at /sys/fs/cgroup/memory, and unshare")
+    skip_without_boxes()
     monkeypatch.delenv("JC_EXAMPLE_HEAD", raising=False)
     cgroup = CGROUP_V1 / f"jc-binder-{path.stem}-{os.getpid()}"
     cgroup.mkdir()
@@ -256,13 +280,7 @@ def test_each_example_runs_in_2_gib_with_a_small_dev_shm(
         done.set()
         if sampler.is_alive():
             sampler.join()
-        for _ in range(50):  # the kernel's processes leave the cgroup as they exit
-            pids = (cgroup / "cgroup.procs").read_text().split()
-            if not pids:
-                break
-            subprocess.run(["kill", "-9", *pids], capture_output=True)
-            time.sleep(0.2)
-        cgroup.rmdir()
+        remove_box(cgroup)
     peaks = json.loads(PEAKS.read_text()) if PEAKS.exists() else {}
     peaks[path.stem] = {"anon_peak_mib": anon[0] >> 20, "peak_mib": peak >> 20, "limit_mib": LIMIT >> 20}
     PEAKS.parent.mkdir(parents=True, exist_ok=True)

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import remote
+from .test_binder import CGROUP_V1, _binder_kernel, boxed_kernel, remove_box, skip_without_boxes
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -35,9 +33,6 @@ def test_an_exit_code_and_a_fatal_signal_are_named_and_the_next_cell_runs(shell:
     assert remote(shell, "after = 40 + 2").success and shell.user_ns["after"] == 42
 
 
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_cell_that_needs_more_memory_than_its_box_fails_within_a_minute_saying_so(
@@ -47,10 +42,7 @@ def test_a_cell_that_needs_more_memory_than_its_box_fails_within_a_minute_saying
     from nbclient import NotebookClient
     from nbformat.v4 import new_code_cell, new_notebook
 
-    from .test_binder import _binder_kernel
-
-    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists() or not shutil.which("unshare"):
-        pytest.skip("needs root, cgroup v1's memory controller at /sys/fs/cgroup/memory, and unshare")
+    skip_without_boxes()
     cgroup = CGROUP_V1 / f"jc-deaths-{os.getpid()}"
     cgroup.mkdir()
     nb = new_notebook(
@@ -90,13 +82,7 @@ def test_a_cell_that_needs_more_memory_than_its_box_fails_within_a_minute_saying
         kernel = _binder_kernel(tmp_path, cgroup, monkeypatch)
         NotebookClient(nb, timeout=300, kernel_name=kernel, allow_errors=True).execute()
     finally:
-        for _ in range(50):
-            pids = (cgroup / "cgroup.procs").read_text().split()
-            if not pids:
-                break
-            subprocess.run(["kill", "-9", *pids], capture_output=True)
-            time.sleep(0.2)
-        cgroup.rmdir()
+        remove_box(cgroup)
     nbformat.write(nb, tmp_path / "deaths.ipynb")
     outputs = [c.get("outputs", []) for c in nb.cells]
     task_error = next(o for o in outputs[2] if o["output_type"] == "error")
@@ -146,18 +132,11 @@ def test_a_worker_rays_memory_monitor_kills_is_named_so(tmp_path: Path, monkeypa
     from nbclient import NotebookClient
     from nbformat.v4 import new_code_cell, new_notebook
 
-    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists() or not shutil.which("unshare"):
-        pytest.skip("needs root, cgroup v1's memory controller at /sys/fs/cgroup/memory, and unshare")
+    skip_without_boxes()
     cgroup = CGROUP_V1 / f"jc-monitor-{os.getpid()}"
     cgroup.mkdir()
-    wrapper = tmp_path / "container-kernel.sh"
-    wrapper.write_text(CONTAINER.format(python=sys.executable))
-    wrapper.chmod(0o755)
-    spec = tmp_path / "jupyter" / "kernels" / "python3-container"
-    spec.mkdir(parents=True)
-    argv = [str(wrapper), str(cgroup), "{connection_file}"]
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "container", "language": "python"}))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    wrapper = CONTAINER.format(python=sys.executable)
+    kernel = boxed_kernel(tmp_path, cgroup, monkeypatch, wrapper, "python3-container", "container")
     monkeypatch.setenv("RAY_memory_usage_threshold", "0.6")
     grow = (
         "%%remote\nimport time\nimport numpy as np\nheld = []\n"
@@ -173,15 +152,9 @@ def test_a_worker_rays_memory_monitor_kills_is_named_so(tmp_path: Path, monkeypa
     )
     try:
         (cgroup / "memory.limit_in_bytes").write_text(str(3 * 2**30))
-        NotebookClient(nb, timeout=300, kernel_name="python3-container", allow_errors=True).execute()
+        NotebookClient(nb, timeout=300, kernel_name=kernel, allow_errors=True).execute()
     finally:
-        for _ in range(50):
-            pids = (cgroup / "cgroup.procs").read_text().split()
-            if not pids:
-                break
-            subprocess.run(["kill", "-9", *pids], capture_output=True)
-            time.sleep(0.2)
-        cgroup.rmdir()
+        remove_box(cgroup)
     outputs = [c.get("outputs", []) for c in nb.cells]
     assert not [o for o in outputs[0] if o["output_type"] == "error"], outputs[0]
     error = next((o for o in outputs[1] if o["output_type"] == "error"), None)
