@@ -21,7 +21,7 @@ where the stopped code waits for it (:meth:`._remote.OutputRelay.ask`). Nothing 
   goes on, and its output says so.
 
 This module runs in the workers and the agent: it imports only the standard library (Ray,
-lazily), and nothing of this package's.
+lazily), and of this package's only ``._relays``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import IO, Any, cast
+
+from . import _relays
 
 #: Seconds a stop waits for a command before it gives up and ends its cell.
 UNATTENDED = 900.0
@@ -91,7 +93,7 @@ class NotebookPdb(pdb.Pdb):
             self.allow_kbdint = False
 
     def _relay(self) -> Any:
-        return _relay(self.relay_name)
+        return _relays.relay(self.relay_name)
 
     def ask(self) -> str:
         """Send what pdb said and its prompt to the notebook; wait for the command."""
@@ -122,24 +124,11 @@ class NotebookPdb(pdb.Pdb):
         return str(answer).rstrip("\n") + "\n"
 
 
-_relays: dict[str, Any] = {}
-
-
-def _relay(name: str) -> Any:
-    """The output relay actor of this name, looked up once a process."""
-    relay = _relays.get(name)
-    if relay is None:
-        import ray
-
-        relay = _relays[name] = ray.get_actor(name)
-    return relay
-
-
 def _claimed(relay_name: str, cell_id: str, claimant: str) -> bool:
     import ray
 
     with _quiet():
-        return bool(ray.get(_relay(relay_name).claim.remote(cell_id, claimant)))
+        return bool(ray.get(_relays.relay(relay_name).claim.remote(cell_id, claimant)))
 
 
 def stop_here(*args: Any, **kwargs: Any) -> None:

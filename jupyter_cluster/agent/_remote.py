@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from . import _relays
 from ._execute import (
     CellOutcome,
     CellOutput,
@@ -74,8 +75,6 @@ def run_cell_in(
     return outcome, exported
 
 
-_relays: dict[str, Any] = {}
-
 #: The cell an actor runs now (set around each actor cell): what a run's own code
 #: (``jc.train_torch``, ``jc.tune``) reads to send its events to that cell.
 current_spec: CellSpec | None = None
@@ -89,15 +88,11 @@ def set_current(spec: CellSpec | None) -> None:
 
 
 def _relay_sink(spec: CellSpec, stream: int = 0) -> Any:
-    # Looked up by name once per worker: an actor handle as a task argument costs more
-    # than the rest of a trivial cell's arguments together.
-    relay = _relays.get(spec.relay)
-    if relay is None:
-        relay = _relays[spec.relay] = ray.get_actor(spec.relay)
+    actor = _relays.relay(spec.relay)  # looked up by name once per worker (see ._relays)
 
     def push(index: int, batch: list[tuple[str, Any]]) -> Any:
         with unnoted():
-            return relay.push.remote(spec.cell_id, stream, index, batch)
+            return actor.push.remote(spec.cell_id, stream, index, batch)
 
     return push
 

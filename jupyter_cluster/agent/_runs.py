@@ -82,13 +82,9 @@ class Sender:
         self._pending: list[Any] = []
         self._lock = threading.Lock()
         if relay:
-            import ray
+            from . import _relays
 
-            from ._remote import _relays
-
-            self.actor = _relays.get(relay)
-            if self.actor is None:
-                self.actor = _relays[relay] = ray.get_actor(relay)
+            self.actor = _relays.relay(relay)
 
     def __reduce__(self) -> Any:  # Tune pickles its callbacks: the relay is found again by name
         return (Sender, (self.relay, self.cell_id))
