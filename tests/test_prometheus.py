@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,49 @@ def test_a_new_source_starts_at_the_interval(monkeypatch: pytest.MonkeyPatch, pr
         many.close()
     assert spaced > 1.0, spaced
     assert after < 1.0 and source["kind"] == "prometheus" and source["every"] == round(after, 2), (after, source)
+
+
+def test_a_round_in_flight_when_the_source_changes(
+    monkeypatch: pytest.MonkeyPatch, prometheus: PrometheusServer
+) -> None:
+    """A dashboard switched to Prometheus while a slow round of scraped nodes runs: that round does not pace
+    the new source, and the new source's first round comes at once, not after the old spacing (seen: rounds
+    18 s apart through Prometheus at 1,000 nodes, read just after the switch)."""
+    many = SimulatedNodes(400, SESSION)
+
+    async def switch() -> tuple[float, float, float]:
+        monkeypatch.setenv("JUPYTER_CLUSTER_METRICS_NODES", many.endpoints_env())
+        # A tiny budget spaces the scraped rounds far apart (up to MAX_EVERY).
+        sampler = _sampler(interval=0.5, timeout=5.0, prometheus="http://127.0.0.1:1", budget=0.0005)
+        events: list[dict[str, Any]] = []
+        try:
+            await sampler.sample()
+            spaced = sampler.every
+            hits = many.hits
+            watch = asyncio.ensure_future(
+                sampler.watch("w", types.SimpleNamespace(writer=object()), lambda kind, data: events.append(data))
+            )
+            while many.hits == hits:  # a scraped round is on its way
+                await asyncio.sleep(0.01)
+            switched = time.monotonic()
+            await sampler.use(prometheus.url)
+            while not any(e.get("source", {}).get("kind") == "prometheus" for e in events):
+                await asyncio.sleep(0.05)
+                assert time.monotonic() - switched < spaced / 2, "the new source waited out the old spacing"
+            took = time.monotonic() - switched
+            sampler.unwatch("w")
+            await asyncio.wait_for(watch, 5)
+            return spaced, took, sampler.every
+        finally:
+            sampler.close()
+
+    try:
+        spaced, took, every = asyncio.run(switch())
+    finally:
+        many.close()
+    assert spaced >= 20.0, spaced
+    # The scraped round in flight at the switch is not counted: only Prometheus's rounds pace it.
+    assert took < 10.0 and every < 5.0, (took, every)
 
 
 # ---------------------------------------------------------------------- through a notebook's cluster

@@ -191,10 +191,14 @@ class MetricsSampler:
         self._probed_at = -PROBE_EVERY
         self._instances: list[str] = []
         self._instances_at = 0.0
+        self._instances_error: PrometheusError | None = None
         self._endpoints: dict[str, Endpoint] = {}
         self._all: dict[str, NodeSample] = {}
         self._listed_at = -nodes_every - 1.0
         self._cost = 0.0
+        #: Counts the sources used: a round paces the rounds after it only if the source did not change meanwhile.
+        self._source_id = 0
+        self._changed = asyncio.Event()
         self._extra = _extra_endpoints()
         self._token = _token()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="metrics")
@@ -244,8 +248,11 @@ class MetricsSampler:
             self._probed_at = -PROBE_EVERY
             self.source = {"kind": "scrape", "every": self.interval}
         # Another source, another cost: the pace of the last one's rounds does not carry over (rounds of a thousand
-        # nodes scraped, 25 s apart, kept a Prometheus that answers at once as slow for minutes).
+        # nodes scraped, 25 s apart, kept a Prometheus that answers at once as slow for minutes), nor does that of
+        # a round of the last source still running now.
         self._cost, self.every = 0.0, self.interval
+        self._source_id += 1
+        self._changed.set()
         return dict(self.source)
 
     async def _run(self) -> None:
@@ -260,7 +267,11 @@ class MetricsSampler:
                 for watcher in list(self.watchers.values()):
                     if watcher.attached:
                         self._send(watcher, now)
-            await asyncio.sleep(max(0.05, self.every - (time.monotonic() - started)))
+            try:  # until the next round is due, or the source changes (its first round comes at once)
+                await asyncio.wait_for(self._changed.wait(), max(0.05, self.every - (time.monotonic() - started)))
+            except asyncio.TimeoutError:
+                pass
+            self._changed.clear()
 
     def _send(self, watcher: Watcher, now: float) -> None:
         watcher.emit("metrics", watcher.delta(self.nodes, now, self.cluster, self.source))
@@ -278,16 +289,23 @@ class MetricsSampler:
     # ------------------------------------------------------------------ a round (blocking, off the loop)
     def _round(self) -> tuple[dict[str, NodeSample], NodeSample, dict[str, Any]]:
         with self._round_lock:
-            self._look_for_prometheus()  # not counted: at most once a minute, a request that fails at once
-            started, spent = time.thread_time(), 0.0
+            source_now = self._source_id
+            # Not counted in a round's cost: looking for Prometheus (at most once a minute, a request that fails at
+            # once) and listing the nodes (every ``nodes_every`` s, not every round: at a thousand nodes, the list
+            # costs more than a round through Prometheus, and would space every round by it).
+            self._look_for_prometheus()
             endpoints = self._current_endpoints()
             server = self._prometheus
+            if server is not None:
+                self._list_instances(server)
+            started, spent = time.thread_time(), 0.0
             if server is not None:
                 nodes, cluster, source = self._from_prometheus(server, endpoints)
             else:
                 nodes, cluster, spent = self._scrape(endpoints)
                 source = {"kind": "scrape"}
-            self._pace(time.thread_time() - started + spent)
+            if source_now == self._source_id:  # a round of the source just replaced does not pace the new one
+                self._pace(time.thread_time() - started + spent)
             return nodes, cluster, {**source, "every": round(self.every, 2)}
 
     def _pace(self, cost: float) -> None:
@@ -377,15 +395,24 @@ class MetricsSampler:
         self._parsed[node_id] = (text, sample)
         return dict(sample), time.thread_time() - started
 
+    def _list_instances(self, server: Prometheus) -> None:
+        """The nodes Prometheus scrapes, listed again every ``nodes_every`` s (a failure is the round's to say)."""
+        self._instances_error = None
+        if not self._instances or time.monotonic() - self._instances_at > self.nodes_every:
+            try:
+                self._instances = server.instances()
+                self._instances_at = time.monotonic()
+            except PrometheusError as exc:
+                self._instances_error = exc
+
     def _from_prometheus(
         self, server: Prometheus, endpoints: dict[str, Endpoint]
     ) -> tuple[dict[str, NodeSample], NodeSample, dict[str, Any]]:
         source: dict[str, Any] = {"kind": "prometheus", "url": server.url}
         by_instance = {f"{e.address}:{e.port}": e for e in endpoints.values()}
         try:
-            if not self._instances or time.monotonic() - self._instances_at > self.nodes_every:
-                self._instances = server.instances()
-                self._instances_at = time.monotonic()
+            if self._instances_error is not None:
+                raise self._instances_error
             order = sorted(
                 self._instances,
                 key=lambda i: _order(bool(by_instance.get(i) and by_instance[i].head), i.rsplit(":", 1)[0], i),
