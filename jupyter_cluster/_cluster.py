@@ -33,7 +33,7 @@ from ._errors import (
     remote_error,
 )
 from ._forward import PortForward, check_port, open_forward, ssh_opener
-from ._handles import ObjectHandle, parse_size
+from ._handles import ObjectHandle, format_size, parse_size
 from ._inputs import InputLedger, pickle_value
 from ._link import AgentLink, UnixTransport
 from ._local import EmbeddedAgent
@@ -75,6 +75,10 @@ def python_mismatch(kernel: str, head: str) -> str | None:
 
 #: How many cells a cluster names by their labels (for timelines).
 HISTORY_KEPT = 1_000
+
+
+#: Values to send that come to this many bytes or more are sent only once the head says it has room.
+ROOM_CHECKED = 64 * 2**20
 
 
 class Cluster:
@@ -273,6 +277,11 @@ class Cluster:
         cell_id = f"{self._link.session}-{self._link.tag}c{next(self._counter)}"
         label = label or f"remote cell {cell_id}"
         shipped = self._ledger.prepare(names, namespace, reader=label)
+        sizes = dict(shipped.sizes)
+        if mode == "map":
+            items_blob = pickle_value(f"the --map items of {map_name}", items)
+            sizes[f"the --map items of {map_name}"] = items_blob.nbytes
+        self._check_room(sizes, label)
         sources = self._modules.for_cell(shipped.modules.values(), analysis.imports, shipped.pickles)
         if out is not None:
             outputs = tuple(out)
@@ -295,7 +304,7 @@ class Cluster:
         )
         body: dict[str, Any] = {"spec": spec, "mode": mode, "options": options, "inputs": shipped.entries}
         if mode == "map":
-            body["items"] = pickle_value(f"the --map items of {map_name}", items)
+            body["items"] = items_blob
         where = {"task": "task", "actor": f"actor {actor}", "driver": "driver", "map": "map"}[mode]
         cell = RemoteCell(self, spec, mode, shipped, label, where, pending_handles, out_given=out is not None)
         if mode == "map":
@@ -374,6 +383,7 @@ class Cluster:
         shipped = InputLedger(self).prepare(list(values), values, reader=f"jc.submit({name})")
         if shipped.modules:
             raise InputError("pass modules to submit() by importing them inside the function")
+        self._check_room(shipped.sizes, f"jc.submit({name})")
         sources = self._modules.for_cell((), (), shipped.pickles)
         options = self._options(cpus, gpus, memory, resources, None, None, runtime_env)
         body = {"inputs": shipped.entries, "options": options, "sources": tuple(sources), "label": f"jc.submit({name})"}
@@ -416,6 +426,7 @@ class Cluster:
     def put(self, value: Any) -> ObjectHandle:
         """Store ``value`` in the cluster's object store; return its handle."""
         blob = pickle_value("the value given to put()", value)
+        self._check_room({"the value": blob.nbytes}, "jc.put")
         handle_id, meta = self._call("put", {"value": blob}, timeout=None)
         return ObjectHandle(handle_id, meta, cluster=self)
 
@@ -528,6 +539,26 @@ class Cluster:
             hint = self._link.transport.resume_hint(self.session)
             return f"its session {self.session} is detached" + (f"; `{hint}` resumes it" if hint else "")
         return self._link.lost or "the cluster it belongs to was shut down (`%cluster down`)"
+
+    def _check_room(self, sizes: dict[str, int], reader: str) -> None:
+        """Refuse values the head has no memory for, before any byte of them is sent (for
+        :data:`ROOM_CHECKED` bytes and more: one round trip, against seconds of sending)."""
+        total = sum(sizes.values())
+        if total < ROOM_CHECKED:
+            return
+        try:
+            why = self._link.call("room", {"nbytes": total}, 30.0)
+        except RequestError:
+            return  # an agent that does not know the question takes the values as before
+        if why:
+            named = ", ".join(
+                f"`{name}` ({format_size(n)})" if name.isidentifier() else f"{name} ({format_size(n)})"
+                for name, n in sorted(sizes.items(), key=lambda item: -item[1])
+            )
+            raise InputError(
+                f"cannot send {named} to the cluster for {reader}: {why}. Nothing was sent. Make it smaller, "
+                "send it in parts, or make it on the cluster (a remote cell that reads its file there)."
+            )
 
     def _call(self, op: str, body: dict[str, Any] | None = None, timeout: float | None = 60.0) -> Any:
         """A request to the agent; a refusal caused by a failed cell raises that cell's error."""

@@ -40,6 +40,8 @@ class ShippedInputs:
     modules: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
     sent_bytes: int = 0
+    #: The values to be sent, by name, and their sizes in bytes.
+    sizes: dict[str, int] = field(default_factory=dict)
     #: The pickle streams of every value input (sent or not): which modules they name.
     pickles: list[bytes] = field(default_factory=list)
 
@@ -125,6 +127,7 @@ class InputLedger:
             else:
                 shipped.entries.append((name, "value", (digest, blob)))
                 shipped.sent_bytes += blob.nbytes
+                shipped.sizes[name] = blob.nbytes
         shipped.names = tuple(order)
         return shipped
 

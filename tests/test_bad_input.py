@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -109,3 +110,38 @@ def test_a_package_missing_on_the_cluster_is_named_with_how_to_install_it(cluste
         cluster.run_cell(rllib, mode="driver").result(120)
     assert "the environment could not be made on the cluster: Namespace ALE not found" in str(info.value)
     assert cluster.run_cell("ok = 1", mode="driver").result(60).outputs["ok"] == 1
+
+
+def test_refusing_a_value_says_how_large_it_is_and_what_the_head_has_free() -> None:
+    from jupyter_cluster.agent._sizing import memory_free, refuse_value
+
+    why = refuse_value(3 * 2**30, free=2 * 2**30)
+    assert why is not None and "2.0 GiB of memory free" in why and "3.0 GiB" in why and "6.0 GiB" in why
+    assert refuse_value(2**30, free=2 * 2**30) is None
+    free = memory_free()
+    assert free is not None and 0 < free <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_a_value_the_head_cannot_take_is_refused_before_it_is_sent(
+    shell: Any, cluster: jc.Cluster, sent_ops: list[str]
+) -> None:
+    """A value of 60 % of the free memory (the embedded head is this machine): taking it in needs twice that.
+    ``np.empty`` maps no memory until it is written, so making and hashing it costs nothing here."""
+    from jupyter_cluster.agent._sizing import memory_free
+
+    free = memory_free()
+    assert free is not None
+    run(shell, f"import numpy as np\nbig = np.empty({int(free * 0.6)}, dtype=np.uint8)\nkeep = 'safe'")
+    error = remote(shell, "y = big[:10].copy()").error_in_exec
+    assert isinstance(error, jc.InputError), error
+    message = str(error)
+    assert message.startswith("cannot send `big` (") and "GiB of memory free" in message, message
+    assert "Nothing was sent" in message
+    assert "room" in sent_ops and "run_cell" not in sent_ops, sent_ops
+    with pytest.raises(jc.InputError, match="of memory free"):
+        cluster.put(shell.user_ns["big"])
+    assert sent_ops.count("put") == 0
+    run(shell, "del big")
+    assert shell.user_ns["keep"] == "safe"
+    assert remote(shell, "z = 6 * 7").error_in_exec is None
+    assert cluster.get(shell.user_ns["z"]) == 42

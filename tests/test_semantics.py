@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -387,3 +388,31 @@ def test_the_status_says_what_the_cluster_holds(cluster: jc.Cluster) -> None:
     assert 0 < used < total and available == total - used
     down = jc.ClusterStatus(None, "embedded local")
     assert down.cpus is None and down.memory_available is None  # the link down: not known
+
+
+def _private_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        lines = status.read().splitlines()
+    for line in lines:
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no RssAnon for process {pid}")
+
+
+def test_a_value_in_the_object_store_is_not_held_by_the_agent_too(cluster: jc.Cluster, tmp_marker: str) -> None:
+    """The bytes of a 256 MiB input are let go once the value is in the object store: the agent does not hold a
+    second copy while its cell runs (it did, in the request that brought it, until the cell ended)."""
+    agent = cluster._agent.process.pid
+    x = np.full(32 * 2**20, 7.0)  # 256 MiB
+    base = _private_bytes(agent)
+    cell = cluster.run_cell(
+        f"import pathlib, time\npathlib.Path({tmp_marker!r}).write_text('running')\ntime.sleep(3)\ny = float(x[-1])",
+        namespace={"x": x},
+    )
+    deadline = time.monotonic() + 60
+    while not os.path.exists(tmp_marker):
+        assert time.monotonic() < deadline, "the cell never started"
+        time.sleep(0.05)
+    held = _private_bytes(agent) - base
+    assert cell.result(timeout=60).outputs["y"] == 7.0
+    assert held < 64 * 2**20, f"the agent holds {held / 2**20:.0f} MiB more while the cell runs"

@@ -365,6 +365,12 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         emit("done", await loop.run_in_executor(None, read_checkpoint, body["path"]), final=True)
 
+    async def room(body: dict[str, Any], session: Any, emit: Any) -> None:
+        """Whether values of ``nbytes`` in all may be sent here: None, or why not (asked before sending them)."""
+        from ._sizing import refuse_value
+
+        emit("done", refuse_value(int(body["nbytes"])), final=True)
+
     async def ping(body: dict[str, Any], session: Any, emit: Any) -> None:
         emit("done", body.get("data"), final=True)
 
@@ -395,6 +401,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         "put": put,
         "release": release,
         "reset_driver": reset_driver,
+        "room": room,
         "run_cell": run_cell,
         "runtime_env": runtime_env,
         "shutdown": shutdown,

@@ -289,10 +289,11 @@ class OutputRelay:
     async def answer(self, cell_id: str, command: str) -> None:
         self._commands.setdefault(cell_id, asyncio.Queue()).put_nowait(command)
 
-    async def forget(self, cell_id: str) -> None:
-        """The cell ended: its debugger's state goes."""
-        self._debugging.pop(cell_id, None)
-        self._commands.pop(cell_id, None)
+    async def forget(self, cell_ids: list[str]) -> None:
+        """The cells ended: their debuggers' state goes."""
+        for cell_id in cell_ids:
+            self._debugging.pop(cell_id, None)
+            self._commands.pop(cell_id, None)
 
 
 __all__ = [

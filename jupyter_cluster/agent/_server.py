@@ -211,6 +211,9 @@ class AgentServer:
             if handler is None:
                 raise ValueError(f"unknown request {op!r}")
             body = loads(frame.payload, frame.buffers) if frame.payload else {}
+            # The body holds what it needs: the frame lets go of the bytes, so a value, once in the object
+            # store, is not held here too while its cell runs.
+            frame.payload, frame.buffers = b"", ()
             body["id"] = request_id
             await handler(body, session, emit)
         except Exception as exc:

@@ -95,6 +95,50 @@ def memory_used(files: tuple[str, ...] | None = None) -> int | None:
     return None
 
 
+def memory_free(meminfo: str = "/proc/meminfo") -> int | None:
+    """The memory this process could still take: what its cgroup leaves (limit less use), or what the machine
+    has available, whichever is less; None if unknown."""
+    free = []
+    limit, used = memory_limit(), memory_used()
+    if limit is not None and used is not None:
+        free.append(max(0, limit - used))
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return min(free) if free else None
+
+
+#: What taking a value in costs the head, as a multiple of its size: the bytes as they arrive, then the object
+#: store's copy (the first is freed once the second is made).
+TAKE_COST = 2
+
+
+def refuse_value(nbytes: int, free: int | None = None) -> str | None:
+    """Why a value of ``nbytes`` cannot be taken in here (in words), or None when it can.
+
+    >>> print(refuse_value(3 * 2**30, free=2 * 2**30))  # doctest: +NORMALIZE_WHITESPACE
+    the head has 2.0 GiB of memory free, and taking in 3.0 GiB needs about 6.0 GiB there
+    (the bytes as they arrive, then the object store's copy)
+    >>> refuse_value(2**20, free=2 * 2**30) is None
+    True
+    """
+    free = memory_free() if free is None else free
+    if free is None or nbytes * TAKE_COST <= free:
+        return None
+    return (
+        f"the head has {_gib(free)} of memory free, and taking in {_gib(nbytes)} needs about "
+        f"{_gib(nbytes * TAKE_COST)} there (the bytes as they arrive, then the object store's copy)"
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 def own_memory(sample: dict[str, Any]) -> None:
     """Correct a sample of this (the agent's) node where Ray read another cgroup than the agent's own: Ray reads
     the root of ``/sys/fs/cgroup``, which is the container's own in a container, but not in a cgroup nested below
