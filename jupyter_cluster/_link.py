@@ -128,6 +128,14 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
 
+#: Requests at most this big (and without out-of-band buffers) go out behind a reconnect's hello.
+PIPELINED_MOST = 1 << 16
+
+
+def _small(frame: Frame) -> bool:
+    return not frame.buffers and len(frame.payload) <= PIPELINED_MOST
+
+
 @dataclass
 class PendingRequest:
     """A request the agent has not finished answering."""
@@ -240,7 +248,15 @@ class AgentLink:
             "python": platform.python_version(),
             "pid": os.getpid(),
         }
+        # On a reconnect, the requests waiting for the link go out right behind the hello, not a round trip later
+        # after the welcome: small ones, and only to the agent process the session was with (the hello names it,
+        # and another agent ignores them; its welcome then fails them here).
+        pipelined = [r for r in self.pending.values() if self.welcome and _small(r.frame)]
+        if pipelined:
+            hello.update(agent_pid=self.welcome.get("pid"), pipelined=[r.id for r in pipelined])
         write_frame(writer, Frame(hello))
+        for request in pipelined:
+            write_frame(writer, request.frame)
         try:
             await writer.drain()
             answer = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT)
@@ -263,8 +279,10 @@ class AgentLink:
         self._reader_task = asyncio.ensure_future(self._read(reader, writer))
         if self.keepalive > 0:
             self._heartbeat_task = asyncio.ensure_future(self._heartbeat(out))
+        sent = {r.id for r in pipelined}
         for request in list(self.pending.values()):
-            out.write(request.frame)
+            if request.id not in sent:
+                out.write(request.frame)
         self._set_state("connected")
         if self.down_since is not None:  # back; nothing was awaited since the reader was made,
             self._back()  # so the cells hear it before what arrived meanwhile

@@ -6,6 +6,7 @@ import asyncio
 import os
 import stat
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import cloudpickle
@@ -157,10 +158,13 @@ class RawSession:
         self.name = name
         self.last_seq = 0
 
-    async def open(self) -> Frame:
+    async def open(self, behind: Sequence[Frame] = (), **extra: Any) -> Frame:
+        """Connect and say hello (with ``extra`` fields), the frames ``behind`` it at once; the agent's answer."""
         self.reader, self.writer = await asyncio.open_unix_connection(self.path)
-        hello = {"type": "hello", "secret": self.secret, "session": self.name, "last_seq": self.last_seq}
+        hello = {"type": "hello", "secret": self.secret, "session": self.name, "last_seq": self.last_seq, **extra}
         write_frame(self.writer, Frame(hello))
+        for frame in behind:
+            write_frame(self.writer, frame)
         return await asyncio.wait_for(read_frame(self.reader), 10)
 
     def request(self, request_id: str, op: str, body: dict[str, Any]) -> None:
@@ -238,6 +242,40 @@ def test_kernel_link_survives_dropped_connections_mid_cell(cluster: jc.Cluster) 
     assert cell.stdout.split() == [str(i) for i in range(20)]
     # The link is usable afterwards.
     assert cluster.run_cell("m = 1").result(30).outputs["m"] == 1
+
+
+def test_requests_right_behind_a_hello_run_only_on_the_agent_they_were_for(cluster: jc.Cluster) -> None:
+    """A reconnecting kernel sends its waiting requests behind its hello, naming the agent process they were for:
+    that agent runs them at once; an agent started since (another pid) ignores them, and the kernel fails them."""
+    assert cluster._agent is not None
+    agent_pid = cluster._agent.process.pid
+
+    def ping(request_id: str) -> Frame:
+        return Frame({"type": "request", "id": request_id, "op": "ping"}, cloudpickle.dumps({"data": request_id}))
+
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        ours = RawSession(cluster, f"behind-{time.time()}")
+        assert (await ours.open([ping("p1")], agent_pid=agent_pid, pipelined=["p1"])).type == "welcome"
+        answered = [(await ours.next_event())[1]]
+        other = RawSession(cluster, f"behind-other-{time.time()}")
+        assert (await other.open([ping("q1")], agent_pid=agent_pid + 10_000, pipelined=["q1"])).type == "welcome"
+        other.request("q2", "ping", {"data": "q2"})  # sent after the welcome: runs
+        heard = [(await other.next_event())[1]]
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(read_frame(other.reader), 1.0)
+        return answered, heard
+
+    answered, heard = asyncio.run(scenario())
+    assert answered == ["p1"]
+    assert heard == ["q2"], "a request for another agent process ran"
+
+
+def test_a_request_made_while_the_link_is_down_is_answered_once_it_is_back(cluster: jc.Cluster) -> None:
+    link = cluster._link
+    for _ in range(3):
+        link.drop_connection()
+        assert link.call("ping", {"data": "back"}, timeout=30) == "back"
+    assert cluster.run_cell("m = 2").result(30).outputs["m"] == 2
 
 
 def test_an_agent_with_no_session_attached_exits_after_its_idle_time(tmp_path: Any) -> None:

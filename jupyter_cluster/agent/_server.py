@@ -118,6 +118,8 @@ class AgentServer:
             if session is None:
                 return
             out = session.writer
+            # Requests sent right behind the hello for another agent process (this one started since): not ours to run.
+            void = set(hello.header.get("pipelined") or ()) if hello.header.get("agent_pid") != os.getpid() else set()
             keepalive = float(hello.header.get("keepalive") or 0)
             if keepalive > 0:
                 watchdog = asyncio.ensure_future(self._watch(writer, heard, keepalive))
@@ -125,6 +127,8 @@ class AgentServer:
                 frame = await read_frame(reader, hear)
                 if frame.type == "ping" and out is not None:
                     out.write(Frame({"type": "pong", "t": frame.header.get("t")}))
+                elif void and frame.type == "request" and frame.header.get("id") in void:
+                    void.discard(frame.header.get("id"))
                 else:
                     self._on_frame(session, frame)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, ProtocolError) as exc:
