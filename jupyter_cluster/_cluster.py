@@ -544,12 +544,12 @@ class Cluster:
         """Refuse values the head has no memory for, before any byte of them is sent (for
         :data:`ROOM_CHECKED` bytes and more: one round trip, against seconds of sending)."""
         total = sum(sizes.values())
-        if total < ROOM_CHECKED:
-            return
+        if total < ROOM_CHECKED or self._link.state != "connected":
+            return  # while the link is down, the cell waits for it as any cell does, unasked
         try:
             why = self._link.call("room", {"nbytes": total}, 30.0)
-        except RequestError:
-            return  # an agent that does not know the question takes the values as before
+        except (RequestError, WaitTimeoutError):
+            return  # an agent that does not know the question (or is slow to say) takes the values as before
         if why:
             named = ", ".join(
                 f"`{name}` ({format_size(n)})" if name.isidentifier() else f"{name} ({format_size(n)})"

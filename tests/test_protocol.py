@@ -278,6 +278,19 @@ def test_a_request_made_while_the_link_is_down_is_answered_once_it_is_back(clust
     assert cluster.run_cell("m = 2").result(30).outputs["m"] == 2
 
 
+def test_a_large_value_sent_while_the_link_is_down_goes_once_it_is_back(cluster: jc.Cluster) -> None:
+    """128 MiB is asked room for before it is sent, when the link is up; while it is down, the cell waits for the
+    link as any cell does."""
+    import numpy as np
+
+    x = np.full(16 * 2**20, 3.0)
+    for _ in range(2):
+        cluster._link.drop_connection()
+        cell = cluster.run_cell("y = float(x[-1])", namespace={"x": x})
+        assert cell.result(120).outputs["y"] == x[-1]
+        x[-1] += 1  # a new value: sent again
+
+
 def test_an_agent_with_no_session_attached_exits_after_its_idle_time(tmp_path: Any) -> None:
     import subprocess
     import sys
