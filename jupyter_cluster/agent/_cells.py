@@ -364,8 +364,10 @@ class CellRunner:
 
     def _forget_now(self) -> None:
         cell_ids, self._forgotten = self._forgotten, []
-        if cell_ids:
+        try:
             self.output.relay.forget.remote(cell_ids)
+        except Exception:  # Ray is shutting down with the agent: nothing is left to forget
+            log.debug("the output relay could not forget %d ended cells", len(cell_ids), exc_info=True)
 
     @staticmethod
     def started(cell: RunningCell, request: dict[str, Any], info: dict[str, Any]) -> None:
