@@ -415,4 +415,6 @@ def test_a_value_in_the_object_store_is_not_held_by_the_agent_too(cluster: jc.Cl
         time.sleep(0.05)
     held = _private_bytes(agent) - base
     assert cell.result(timeout=60).outputs["y"] == 7.0
-    assert held < 64 * 2**20, f"the agent holds {held / 2**20:.0f} MiB more while the cell runs"
+    # Half the value: the agent's other work moves its memory by tens of MiB on a busy machine (78 MiB seen in CI,
+    # beside the other test process); holding the value shows as all 256 MiB of it (257 MiB before the change).
+    assert held < 128 * 2**20, f"the agent holds {held / 2**20:.0f} MiB more while the cell runs"
