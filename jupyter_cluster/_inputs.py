@@ -39,11 +39,14 @@ class ShippedInputs:
     entries: list[tuple[str, str, Any]] = field(default_factory=list)
     modules: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
-    sent_bytes: int = 0
     #: The values to be sent, by name, and their sizes in bytes.
     sizes: dict[str, int] = field(default_factory=dict)
     #: The pickle streams of every value input (sent or not): which modules they name.
     pickles: list[bytes] = field(default_factory=list)
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(self.sizes.values())
 
 
 def pickle_value(name: str, value: Any) -> Pickled:
@@ -126,7 +129,6 @@ class InputLedger:
                 shipped.entries.append((name, "cached", digest))
             else:
                 shipped.entries.append((name, "value", (digest, blob)))
-                shipped.sent_bytes += blob.nbytes
                 shipped.sizes[name] = blob.nbytes
         shipped.names = tuple(order)
         return shipped

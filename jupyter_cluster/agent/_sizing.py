@@ -99,7 +99,8 @@ def memory_free(meminfo: str = "/proc/meminfo") -> int | None:
     """The memory this process could still take: what its cgroup leaves (limit less use), or what the machine
     has available, whichever is less; None if unknown."""
     free = []
-    limit, used = memory_limit(), memory_used()
+    files = cgroup_files()
+    limit, used = memory_limit(files), memory_used(files)
     if limit is not None and used is not None:
         free.append(max(0, limit - used))
     try:
