@@ -299,14 +299,23 @@ class RemoteHead:
         """Stop the processes whose command lines match any of ``patterns`` (``pkill -f``
         syntax), and their descendants (some of Ray's rename themselves): SIGTERM, then
         SIGKILL for what is left after 3 s (Ray's GCS and raylet often take over 10 s to
-        heed SIGTERM; a cluster being torn down needs no orderly exit)."""
+        heed SIGTERM; a cluster being torn down needs no orderly exit).
+
+        The descendants are looked for again while the processes exit: Ray's dashboard
+        restarts a module that died, and starts a new forkserver for it if the old one died
+        too; that forkserver is then a child nothing matched, and outlives the dashboard
+        until its imports end. Before SIGKILL everything left is stopped (SIGSTOP), so
+        nothing forks between the last look and the kill."""
         q = shlex.quote("|".join(f"({p})" for p in patterns))
         await self.run(
-            f"pids=$(pgrep -f {q}); all=$pids; "
-            'while [ -n "$pids" ]; do pids=$(for p in $pids; do pgrep -P $p; done); all="$all $pids"; done; '
+            'tree() { n="$*"; while [ -n "$n" ]; do printf "%s\\n" $n; '
+            "n=$(for p in $n; do pgrep -P $p; done); done; }; "
+            f"all=$(tree $(pgrep -f {q}) | sort -un); "
             '[ -n "$all" ] || exit 0; kill -TERM $all 2>/dev/null; '
-            "for i in $(seq 15); do alive=; for p in $all; do kill -0 $p 2>/dev/null && alive=1; done; "
-            '[ -z "$alive" ] && exit 0; sleep 0.2; done; kill -KILL $all 2>/dev/null; true'
+            "for i in $(seq 15); do sleep 0.2; alive=$(for p in $all; do kill -0 $p 2>/dev/null && echo $p; done); "
+            '[ -z "$alive" ] && exit 0; all=$(tree $alive | sort -un); done; '
+            "kill -STOP $all 2>/dev/null; all=$(tree $all | sort -un); kill -STOP $all 2>/dev/null; "
+            "kill -KILL $all 2>/dev/null; true"
         )
 
 

@@ -20,7 +20,7 @@ import asyncssh
 import pytest
 
 import jupyter_cluster as jc
-from jupyter_cluster._ssh import HeadError, HostKeyError, SSHAuthError
+from jupyter_cluster._ssh import HeadError, HostKeyError, RemoteHead, SSHAuthError, SSHTarget, open_ssh
 from jupyter_cluster.agent._protocol import Frame, read_frame, write_frame
 
 from .sshd import SSHServer, free_port, link_cutter, sshd_server  # noqa: F401 (fixtures)
@@ -255,6 +255,36 @@ def test_the_link_survives_a_cut_longer_than_30_seconds(link_cutter: Any, sshd_s
         assert cell.stdout.split() == [str(i) for i in range(70)], "a line was lost or repeated"
     finally:
         cluster.down()
+
+
+def test_stopping_ray_on_a_host_also_stops_a_child_started_while_it_stops(sshd_server: SSHServer) -> None:
+    """What `down` runs on each host: the matched processes and all their descendants go, even a child started
+    after the SIGTERM (Ray's dashboard starts a new forkserver when its modules die, and that forkserver matched
+    nothing), and a process that ignores SIGTERM."""
+    marker = f"jc-stop-{time.monotonic_ns()}"
+    # A parent that ignores SIGTERM and starts a new child each time its child dies, as the dashboard does.
+    # (A handler, not `trap ''`: an ignored signal stays ignored in the children.)
+    respawning = f"exec -a {marker} bash -c 'trap true TERM; while true; do sleep 301 & wait; done'"
+    subprocess.Popen(["bash", "-c", respawning], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not subprocess.run(["pgrep", "-f", "sleep 301"], capture_output=True).stdout:
+        assert time.monotonic() < deadline, "the test's process tree did not start"
+        time.sleep(0.05)
+
+    async def stop() -> None:
+        target = SSHTarget.parse(_target(sshd_server), **_options(sshd_server))
+        conn = await open_ssh(target)
+        try:
+            await RemoteHead(target, conn).stop_ray("[" + marker[0] + "]" + marker[1:])
+        finally:
+            conn.close()
+
+    try:
+        asyncio.run(stop())
+        left = subprocess.run(["pgrep", "-af", f"{marker}|sleep 301"], capture_output=True, text=True).stdout
+        assert not left, left
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", f"{marker}|sleep 301"])
 
 
 # Bad input ---------------------------------------------------------------------------
