@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -145,13 +146,70 @@ def _encryption_algs() -> list[str]:
     return first + [a for a in algs if a not in first]
 
 
+@functools.cache
+def _quick_login_client() -> Any:
+    """An ``asyncssh.SSHClient`` that logs in two round trips sooner than asyncssh does alone.
+
+    asyncssh begins with a ``none`` request, only to learn which methods the server
+    takes, then asks whether the server would take a key before it sends the key's
+    signed request. Here the first request is a key's signed request. A refusal of it
+    names the server's methods, and the login goes on from there as asyncssh's does.
+    A security key (``sk-``) is still asked about first, so that it is not touched for
+    a server that would refuse it. On a 50 ms link, connecting and resuming after a
+    reset are 100 ms sooner. Where this version of asyncssh lacks what this relies
+    on, the login is asyncssh's own.
+    """
+    import asyncssh
+    from asyncssh import auth
+    from asyncssh.packet import Boolean, String
+
+    base = getattr(auth, "_ClientPublicKeyAuth", None)
+    if base is None or not all(hasattr(base, name) for name in ("_send_signed_request", "send_request")):
+        return asyncssh.SSHClient
+
+    class SignedAtOnce(base):  # type: ignore[misc,valid-type]
+        async def _start(self) -> None:
+            self._keypair = keypair = await self._conn.public_key_auth_requested()
+            if keypair is None:
+                self._conn.try_next_auth(next_method=True)
+            elif keypair.algorithm.startswith(b"sk-"):
+                await self.send_request(Boolean(False), String(keypair.algorithm), String(keypair.public_data))
+            else:
+                await self._send_signed_request()
+
+    class QuickLogin(asyncssh.SSHClient):
+        def connection_made(self, conn: Any) -> None:
+            self._conn = conn
+
+        def begin_auth(self, username: str) -> None:
+            conn = self._conn
+            plain = conn.try_next_auth
+            preferred = getattr(conn, "_preferred_auth", None) or []
+            if getattr(conn, "_auth_methods", None) != [b"none"] or b"publickey" not in preferred:
+                return
+
+            def try_next_auth(*, next_method: bool = False) -> None:
+                plain(next_method=next_method)
+                chosen = conn._auth
+                if type(chosen) is base:  # asyncssh's own, made this moment: its start has not run yet
+                    chosen.cancel()
+                    conn._auth = SignedAtOnce(conn, b"publickey")
+
+            conn.try_next_auth = try_next_auth
+            # "none" stays behind the key: with no key to offer, it learns the server's methods as before.
+            conn._auth_methods = [b"publickey", b"none"]
+
+    return QuickLogin
+
+
 async def open_ssh(target: SSHTarget) -> Any:
     """An asyncssh connection to ``target``, or an error that says what to do."""
     import asyncssh
 
     where = target.describe()
     try:
-        return await asyncio.wait_for(asyncssh.connect(target.host, **target.connect_options()), CONNECT_TIMEOUT + 5)
+        connecting = asyncssh.connect(target.host, client_factory=_quick_login_client(), **target.connect_options())
+        return await asyncio.wait_for(connecting, CONNECT_TIMEOUT + 5)
     except asyncssh.HostKeyNotVerifiable as exc:
         port = target.port or 22
         raise HostKeyError(

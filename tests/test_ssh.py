@@ -20,7 +20,15 @@ import asyncssh
 import pytest
 
 import jupyter_cluster as jc
-from jupyter_cluster._ssh import HeadError, HostKeyError, RemoteHead, SSHAuthError, SSHTarget, open_ssh
+from jupyter_cluster._ssh import (
+    HeadError,
+    HostKeyError,
+    RemoteHead,
+    SSHAuthError,
+    SSHTarget,
+    _quick_login_client,
+    open_ssh,
+)
 from jupyter_cluster.agent._protocol import Frame, read_frame, write_frame
 
 from .sshd import SSHServer, free_port, link_cutter, sshd_server  # noqa: F401 (fixtures)
@@ -285,6 +293,43 @@ def test_stopping_ray_on_a_host_also_stops_a_child_started_while_it_stops(sshd_s
         assert not left, left
     finally:
         subprocess.run(["pkill", "-KILL", "-f", f"{marker}|sleep 301"])
+
+
+def test_a_login_sends_a_keys_signed_request_first_and_goes_on_past_a_refused_key(
+    sshd_server: SSHServer, tmp_path: Path
+) -> None:
+    """The login's first request is a key's signature (no "none" request to learn the methods, no query whether
+    the server would take the key): sshd logs no postponed (queried) key. A key the server refuses is followed by
+    the next; with no key at all the login fails as asyncssh's own does."""
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+
+    async def login(keys: list[str]) -> str:
+        conn = await asyncssh.connect(
+            sshd_server.host,
+            port=sshd_server.port,
+            username=sshd_server.user,
+            client_keys=keys,
+            agent_path=None,
+            known_hosts=str(sshd_server.known_hosts),
+            client_factory=_quick_login_client(),
+        )
+        try:
+            return str((await conn.run("echo in", check=True)).stdout).strip()
+        finally:
+            conn.close()
+
+    start = sshd_server.log.stat().st_size
+    assert asyncio.run(login([str(sshd_server.identity)])) == "in"
+    assert asyncio.run(login([str(stranger), str(sshd_server.identity)])) == "in"
+    log = sshd_server.log.read_text()[start:]
+    assert log.count("Accepted publickey for root") == 2, log
+    assert "Postponed publickey" not in log, "the client asked whether the server would take its key"
+    assert "Failed publickey for root" in log, "the stranger's key was offered and refused"
+    with pytest.raises(asyncssh.PermissionDenied):
+        asyncio.run(login([]))
+    with pytest.raises(asyncssh.PermissionDenied):
+        asyncio.run(login([str(stranger)]))
 
 
 # Bad input ---------------------------------------------------------------------------
