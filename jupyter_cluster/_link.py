@@ -26,7 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from ._errors import AgentLostError, ClusterConnectionError, LinkLostError, RequestError, WaitTimeoutError
-from .agent._protocol import PROTOCOL_VERSION, Frame, FrameWriter, dumps, loads, read_frame, write_frame
+from .agent._protocol import (
+    PROTOCOL_VERSION,
+    Frame,
+    FrameWriter,
+    dumps,
+    loads,
+    open_unix_frames,
+    read_frame,
+    write_frame,
+)
 
 log = logging.getLogger("jupyter_cluster")
 T = TypeVar("T")
@@ -91,7 +100,7 @@ class UnixTransport:
         self._exited = exited
 
     async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_unix_connection(self.path, limit=1 << 20)
+        return await open_unix_frames(self.path, limit=1 << 20)
 
     def lost_reason(self) -> str | None:
         return self._exited()

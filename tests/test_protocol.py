@@ -17,13 +17,16 @@ from jupyter_cluster.agent._execute import CellSpec
 from jupyter_cluster.agent._protocol import (
     OOB_MIN,
     Frame,
+    FrameReader,
     FrameWriter,
     Pickled,
     ProtocolError,
     SessionOutbox,
     dumps,
     loads,
+    open_unix_frames,
     read_frame,
+    serve_unix_frames,
     write_frame,
 )
 
@@ -120,6 +123,63 @@ def test_frame_writer_keeps_frames_in_order_across_large_ones() -> None:
         frame = got[2 * i + 1]
         assert len(frame.buffers) == 1
         assert (loads(frame.payload, frame.buffers) == array).all()
+
+
+def test_a_frame_reader_fills_large_buffers_from_the_socket_and_notices_an_end(tmp_path: Any) -> None:
+    """The agent's and the embedded kernel's reader: large buffers are received straight into their own memory,
+    whether their bytes arrive before the read (held by the reader) or after it, in pieces of any size; frames
+    around them read as before; a stream that ends or is cut inside a buffer is an IncompleteReadError."""
+    np = pytest.importorskip("numpy")
+    arrays = [np.arange(n, dtype=np.uint8) for n in (3 << 20, (8 << 20) + 13)]
+    payload, buffers = dumps(arrays)
+    frames = [Frame({"n": 0}), Frame({"n": 1}, payload, buffers), Frame({"n": 2})]
+    data = b"".join(f.encode() for f in frames)
+    path = str(tmp_path / "s")
+
+    async def exchange(pieces: list[int], end: str) -> tuple[list[Frame], BaseException | None, int]:
+        got: list[Frame] = []
+        failure: list[BaseException] = []
+        heard = [0]
+        served = asyncio.Event()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            assert isinstance(reader, FrameReader)
+            try:
+                while True:
+                    got.append(await read_frame(reader, lambda: heard.__setitem__(0, heard[0] + 1)))
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                failure.append(exc)
+            served.set()
+
+        server = await serve_unix_frames(serve, path, limit=1 << 20)
+        _, writer = await open_unix_frames(path, limit=1 << 20)
+        start = 0
+        for size in pieces:
+            writer.write(data[start : start + size])
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            start += size
+        if end == "abort":
+            writer.transport.abort()
+        else:
+            writer.close()
+        await asyncio.wait_for(served.wait(), 30)
+        server.close()
+        return got, (failure or [None])[0], heard[0]
+
+    # All at once, then in uneven pieces (a piece ends inside the prefix, the header, each buffer).
+    for pieces in ([len(data)], [5, 300, 1 << 20, 7, (3 << 20) - 1, 1 << 22, len(data)]):
+        got, failure, heard = asyncio.run(exchange(pieces, "close"))
+        assert [f.header["n"] for f in got] == [0, 1, 2]
+        body = loads(got[1].payload, got[1].buffers)
+        assert all((a == b).all() for a, b in zip(body, arrays, strict=True))
+        assert isinstance(failure, asyncio.IncompleteReadError) and not failure.partial  # a clean end, between frames
+        assert heard > 3, "each part of a large buffer that arrives says the link is alive"
+    # Ended, or cut, inside the second buffer: the frame is not taken, and the reader says why.
+    for end in ("close", "abort"):
+        got, failure, _ = asyncio.run(exchange([len(data) - (4 << 20)], end))
+        assert [f.header["n"] for f in got] == [0]
+        assert isinstance(failure, (asyncio.IncompleteReadError, ConnectionError)), failure
 
 
 def test_garbage_is_a_protocol_error() -> None:

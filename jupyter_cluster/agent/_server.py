@@ -32,6 +32,7 @@ from ._protocol import (
     dumps,
     loads,
     read_frame,
+    serve_unix_frames,
     write_frame,
 )
 
@@ -88,7 +89,7 @@ class AgentServer:
         os.chmod(folder, 0o700)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-        self._server = await asyncio.start_unix_server(self._connection, path=self.socket_path, limit=1 << 20)
+        self._server = await serve_unix_frames(self._connection, self.socket_path, limit=1 << 20)
         os.chmod(self.socket_path, 0o600)
 
     def attached(self) -> int:
