@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import jupyter_cluster as jc
 
@@ -36,7 +38,38 @@ def test_the_agent_imports_ray_without_building_the_iri_grammar_and_iri_checks_s
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_the_running_agent_did_not_build_the_iri_grammar(cluster: jc.Cluster) -> None:
+def test_the_agent_and_the_embedded_clusters_workers_did_not_build_the_iri_grammar(cluster: jc.Cluster) -> None:
+    """The agent (a driver cell runs in it) and a worker of the embedded cluster (a task cell), which imports Ray
+    through the ``sitecustomize`` in ``agent/_site``; in the worker, jsonschema's IRI check still works."""
     source = "import sys\nbuilt = 'rfc3987_syntax.syntax_helpers' in sys.modules\nhas_ray = 'ray.actor' in sys.modules"
     outputs = cluster.run_cell(source, mode="driver").result(60).outputs
-    assert (outputs["built"], outputs["has_ray"]) == (False, True)
+    assert (outputs["built"], outputs["has_ray"]) == (False, True), "in the agent"
+    check = (
+        "import jsonschema\n"
+        "iri = jsonschema.Draft202012Validator({'format': 'iri'}, format_checker=jsonschema.FormatChecker())\n"
+        "checked = [iri.is_valid('https://example.org/'), iri.is_valid('no scheme here')]\n"
+        "import rfc3987_syntax\nreal = hasattr(rfc3987_syntax, 'syntax_parser')"
+    )
+    outputs = cluster.run_cell(source + "\n" + check).result(60).outputs
+    assert (outputs["built"], outputs["has_ray"]) == (False, True), "in a worker"
+    assert outputs["checked"] == [True, False] and outputs["real"]
+
+
+def test_the_embedded_clusters_sitecustomize_runs_the_one_it_is_in_front_of(tmp_path: Path) -> None:
+    """Its folder goes first on the embedded cluster's PYTHONPATH: a ``sitecustomize`` further along still runs (a
+    distribution's, a user's), and one that fails is reported as Python reports it, the process going on."""
+    site = Path(jc.__file__).parent / "agent" / "_site"
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import builtins\nbuiltins.THEIRS_RAN = True\n")
+    probe = (
+        "import builtins, sys\n"
+        "print(getattr(builtins, 'THEIRS_RAN', False), type(sys.modules['rfc3987_syntax']).__name__)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(theirs)])}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "_StandIn"], (done.stdout, done.stderr)
+    (theirs / "sitecustomize.py").write_text("raise RuntimeError('theirs is broken')\n")
+    done = subprocess.run([sys.executable, "-c", "print('went on')"], capture_output=True, text=True, env=env)
+    assert done.stdout.strip() == "went on"
+    assert "Error in sitecustomize" in done.stderr and "theirs is broken" in done.stderr
