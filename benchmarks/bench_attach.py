@@ -1,10 +1,14 @@
 """Attach plus a first cell, against Ray's own start plus its first tasks, side by side.
 
-Each round runs two fresh processes, one after the other (which goes first alternates):
+Each round runs three fresh processes, one after the other (which goes first rotates):
 
 - **raw Ray**: ``import ray``, ``ray.init(num_cpus=CPUS)``, then ``ITEMS`` tiny tasks at once and their results;
 - **ours**: an IPython shell, ``%load_ext jupyter_cluster``, ``%cluster local --cpus CPUS``, then a first
-  ``%%remote --map`` cell over the same ``ITEMS`` items.
+  ``%%remote --map`` cell over the same ``ITEMS`` items;
+- **raw Ray, lean import**: raw Ray again, with the ``sitecustomize`` the embedded cluster's processes get
+  (``jupyter_cluster/agent/_site``) first on its ``PYTHONPATH``: Ray's processes then skip building
+  ``rfc3987_syntax``'s grammar, as ours do. Where that package is installed (Jupyter's packages install it), it is
+  most of ``import ray``, in every Ray process; this row is Ray's own start under the same imports as ours.
 
 It prints each round's phases and the medians, the ratio of the totals, and where the attach's time went: the
 phases the agent's log marks with their times (its process up, ``ray.init``, its workers up, serving) and the
@@ -17,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 RAW = r"""
@@ -72,9 +78,16 @@ MARKS = {
 }
 
 
-def _run(code: str, cpus: int, items: int) -> dict[str, Any]:
+#: The embedded cluster's sitecustomize (see the module's docstring).
+SITE = str(Path(__file__).resolve().parent.parent / "jupyter_cluster" / "agent" / "_site")
+
+
+def _run(code: str, cpus: int, items: int, lean: bool = False) -> dict[str, Any]:
+    env = dict(os.environ)
+    if lean:
+        env["PYTHONPATH"] = os.pathsep.join([SITE, *filter(None, [env.get("PYTHONPATH")])])
     done = subprocess.run(
-        [sys.executable, "-c", code, str(cpus), str(items)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", code, str(cpus), str(items)], capture_output=True, text=True, timeout=600, env=env
     )
     if done.returncode != 0:
         raise SystemExit(f"a round failed:\n{done.stdout}\n{done.stderr[-3000:]}")
@@ -99,20 +112,19 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--items", type=int, default=8)
     args = parser.parse_args()
-    raws: list[dict[str, Any]] = []
-    ours: list[dict[str, Any]] = []
+    rows: dict[str, list[dict[str, Any]]] = {"raw": [], "ours": [], "lean": []}
     for round_ in range(args.rounds):
-        pair = [("raw", RAW), ("ours", OURS)]
-        for name, code in pair if round_ % 2 == 0 else pair[::-1]:
-            figures = _run(code, args.cpus, args.items)
-            (raws if name == "raw" else ours).append(figures)
-        raw, our = raws[-1], ours[-1]
+        order = ["raw", "ours", "lean"]
+        for name in order[round_ % 3 :] + order[: round_ % 3]:
+            rows[name].append(_run(OURS if name == "ours" else RAW, args.cpus, args.items, lean=name == "lean"))
+        raw, our, lean = rows["raw"][-1], rows["ours"][-1], rows["lean"][-1]
         print(
             f"round {round_ + 1}: raw Ray {raw['total']:.2f} s (import {raw['import']:.2f}, init {raw['init']:.2f}, "
             f"first tasks {raw['first']:.2f}); ours {our['total']:.2f} s (load_ext {our['load_ext']:.2f}, "
-            f"attach {our['attach']:.2f}, first cell {our['first']:.2f})",
+            f"attach {our['attach']:.2f}, first cell {our['first']:.2f}); raw Ray, lean import {lean['total']:.2f} s",
             flush=True,
         )
+    raws, ours, leans = rows["raw"], rows["ours"], rows["lean"]
 
     def med(rows: list[dict[str, Any]], key: str) -> float:
         return statistics.median(r[key] for r in rows)
@@ -126,7 +138,12 @@ def main() -> None:
         f"  ours:    %load_ext {med(ours, 'load_ext'):.2f} s, %cluster local {med(ours, 'attach'):.2f} s, "
         f"first cell {med(ours, 'first'):.2f} s, total {med(ours, 'total'):.2f} s"
     )
+    print(
+        f"  raw Ray, lean import: import {med(leans, 'import'):.2f} s, ray.init {med(leans, 'init'):.2f} s, "
+        f"first tasks {med(leans, 'first'):.2f} s, total {med(leans, 'total'):.2f} s"
+    )
     print(f"  ratio (ours / raw Ray, totals): {med(ours, 'total') / med(raws, 'total'):.2f}")
+    print(f"  ratio (ours / raw Ray with the same lean import, totals): {med(ours, 'total') / med(leans, 'total'):.2f}")
     phases = [_phases(o) for o in ours]
     names = [p for p in [*MARKS, "attached"] if all(p in ph for ph in phases)]
     names.sort(key=lambda name: statistics.median(ph[name] for ph in phases))
