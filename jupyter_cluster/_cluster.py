@@ -79,6 +79,8 @@ HISTORY_KEPT = 1_000
 
 #: Values to send that come to this many bytes or more are sent only once the head says it has room.
 ROOM_CHECKED = 64 * 2**20
+#: How long the kernel waits for the head to say whether it has room for such values, before it sends them anyway.
+ROOM_WAIT = 30.0
 
 
 class Cluster:
@@ -547,7 +549,7 @@ class Cluster:
         if total < ROOM_CHECKED or self._link.state != "connected":
             return  # while the link is down, the cell waits for it as any cell does, unasked
         try:
-            why = self._link.call("room", {"nbytes": total}, 30.0)
+            why = self._link.call("room", {"nbytes": total}, ROOM_WAIT)
         except (RequestError, WaitTimeoutError):
             return  # an agent that does not know the question (or is slow to say) takes the values as before
         if why:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -120,6 +121,31 @@ def test_refusing_a_value_says_how_large_it_is_and_what_the_head_has_free() -> N
     assert refuse_value(2**30, free=2 * 2**30) is None
     free = memory_free()
     assert free is not None and 0 < free <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_a_head_that_does_not_answer_the_room_question_gets_the_value_as_before(
+    cluster: jc.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent stopped (SIGSTOP) while a cell with an 80 MiB input is sent: the question whether the head has
+    room goes unanswered, the kernel sends the value after its wait, and once the agent runs again the cell runs
+    with it. Nothing is refused for want of an answer."""
+    np = pytest.importorskip("numpy")
+    from jupyter_cluster import _cluster
+
+    monkeypatch.setattr(_cluster, "ROOM_WAIT", 1.0)
+    agent = cluster._agent
+    assert agent is not None
+    value = np.arange(10 * 2**20, dtype=np.float64)  # 80 MiB
+    os.kill(agent.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        cell = cluster.run_cell("n = int(x.nbytes)\nlast = float(x[-1])", namespace={"x": value})
+        assert time.monotonic() - started >= 1.0, "the kernel did not wait for the answer"
+        assert not cell.done()
+    finally:
+        os.kill(agent.process.pid, signal.SIGCONT)
+    outputs = cell.result(120).outputs
+    assert outputs == {"n": value.nbytes, "last": float(value[-1])}
 
 
 def test_a_value_the_head_cannot_take_is_refused_before_it_is_sent(
