@@ -32,6 +32,8 @@ log = logging.getLogger("jupyter_cluster.agent")
 
 #: Seconds the waiting thread waits for a chunk before it looks at whether the map was stopped.
 WAIT_SLICE = 0.2
+#: Seconds after an item failed that the map's other chunks are stopped (see ``MapMode.run``).
+STOP_AFTER_FAILURE = 1.0
 
 
 @ray.remote(num_cpus=0)
@@ -183,7 +185,14 @@ class MapCells:
         if any(c.spawned for c in chunks if c is not None):
             runner.started_work(cell)
         if failure or cell.cancelled or any(c is None for c in chunks):
-            self.stop(cell, force=False)
+            if failure and not cell.cancelled:
+                # An item failed and the cell's outcome is decided: the other chunks are stopped a moment later,
+                # not now. Chunks end together in a small map, and Ray 2.60 aborts the process that cancels a
+                # task whose reply it is taking in at that moment ("Tried to complete task that was not
+                # pending"): this agent, seen beside a busy test run. A moment later, those have ended.
+                self.runner.loop.call_later(STOP_AFTER_FAILURE, self.stop, cell, False)
+            else:
+                self.stop(cell, force=False)
             await runner.output_of(cell, sent, 1.0)
             why = failure[0] if failure else interrupted(cell.cancelled or "the agent is stopping")
             return {"outcome": CellOutcome(failure=why), "handles": {}}
