@@ -26,8 +26,9 @@ import statistics
 import subprocess
 import sys
 from datetime import datetime
-from pathlib import Path
 from typing import Any
+
+from jupyter_cluster.agent._main import lean_pythonpath
 
 RAW = r"""
 import json, sys, time
@@ -78,14 +79,10 @@ MARKS = {
 }
 
 
-#: The embedded cluster's sitecustomize (see the module's docstring).
-SITE = str(Path(__file__).resolve().parent.parent / "jupyter_cluster" / "agent" / "_site")
-
-
 def _run(code: str, cpus: int, items: int, lean: bool = False) -> dict[str, Any]:
     env = dict(os.environ)
-    if lean:
-        env["PYTHONPATH"] = os.pathsep.join([SITE, *filter(None, [env.get("PYTHONPATH")])])
+    if lean:  # the embedded cluster's sitecustomize first (see the module's docstring)
+        env["PYTHONPATH"] = lean_pythonpath(env.get("PYTHONPATH"))
     done = subprocess.run(
         [sys.executable, "-c", code, str(cpus), str(items)], capture_output=True, text=True, timeout=600, env=env
     )

@@ -183,10 +183,10 @@ def _quick_login_client() -> Any:
 
         def begin_auth(self, username: str) -> None:
             conn = self._conn
-            plain = conn.try_next_auth
             preferred = getattr(conn, "_preferred_auth", None) or []
             if getattr(conn, "_auth_methods", None) != [b"none"] or b"publickey" not in preferred:
                 return
+            plain = conn.try_next_auth
 
             def try_next_auth(*, next_method: bool = False) -> None:
                 plain(next_method=next_method)

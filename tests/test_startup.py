@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import jupyter_cluster as jc
+from jupyter_cluster.agent._main import lean_pythonpath
 
 CHECK = textwrap.dedent(
     """
@@ -58,7 +59,6 @@ def test_the_agent_and_the_embedded_clusters_workers_did_not_build_the_iri_gramm
 def test_the_embedded_clusters_sitecustomize_runs_the_one_it_is_in_front_of(tmp_path: Path) -> None:
     """Its folder goes first on the embedded cluster's PYTHONPATH: a ``sitecustomize`` further along still runs (a
     distribution's, a user's), and one that fails is reported as Python reports it, the process going on."""
-    site = Path(jc.__file__).parent / "agent" / "_site"
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text("import builtins\nbuiltins.THEIRS_RAN = True\n")
@@ -66,7 +66,7 @@ def test_the_embedded_clusters_sitecustomize_runs_the_one_it_is_in_front_of(tmp_
         "import builtins, sys\n"
         "print(getattr(builtins, 'THEIRS_RAN', False), type(sys.modules['rfc3987_syntax']).__name__)"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(theirs)])}
+    env = {**os.environ, "PYTHONPATH": lean_pythonpath(str(theirs))}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0 and done.stdout.split() == ["True", "_StandIn"], (done.stdout, done.stderr)
     (theirs / "sitecustomize.py").write_text("raise RuntimeError('theirs is broken')\n")
