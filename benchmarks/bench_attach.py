@@ -28,7 +28,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from jupyter_cluster.agent._main import lean_pythonpath
+from jupyter_cluster.agent._importing import lean_pythonpath
 
 RAW = r"""
 import json, sys, time

@@ -9,12 +9,12 @@ import textwrap
 from pathlib import Path
 
 import jupyter_cluster as jc
-from jupyter_cluster.agent._main import lean_pythonpath
+from jupyter_cluster.agent._importing import lean_pythonpath
 
 CHECK = textwrap.dedent(
     """
     import sys
-    from jupyter_cluster.agent._main import import_ray
+    from jupyter_cluster.agent._importing import import_ray
 
     ray = import_ray()
     assert "ray.actor" in sys.modules

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import logging
 import os
@@ -19,9 +18,9 @@ import signal
 import sys
 import threading
 import time
-import types
 from typing import Any
 
+from ._importing import import_ray, lean_pythonpath
 from ._reaper import Reaper, descendants
 
 log = logging.getLogger("jupyter_cluster.agent")
@@ -103,46 +102,6 @@ def _count(value: float | None) -> float | int | None:
 
 #: How often the embedded cluster's Ray reports its metrics (node figures and its own), in ms.
 METRICS_EVERY_MS = 2000
-
-
-def import_ray() -> Any:
-    """``import ray``, less a grammar that nothing here uses.
-
-    Ray imports jsonschema (to check runtime_envs), and jsonschema imports
-    ``rfc3987_syntax`` where it is installed (Jupyter's packages install it) for its
-    ``iri`` format checker. That import builds an Earley parser: 0.77 s of the 1.04 s
-    that ``import ray`` took on a 2-core machine. Here jsonschema gets a checker that
-    imports the package the first time it checks an IRI; anything else that imports
-    the package gets the package itself.
-    """
-    if "jsonschema" in sys.modules or importlib.util.find_spec("rfc3987_syntax") is None:
-        import ray
-
-        return ray
-    stand_in = types.ModuleType("rfc3987_syntax")
-
-    def is_valid_syntax(term: str, value: str) -> bool:
-        from rfc3987_syntax import is_valid_syntax as check
-
-        return bool(check(term, value))
-
-    stand_in.is_valid_syntax = is_valid_syntax  # type: ignore[attr-defined]
-    sys.modules["rfc3987_syntax"] = stand_in
-    try:
-        import ray
-    finally:
-        if sys.modules.get("rfc3987_syntax") is stand_in:
-            del sys.modules["rfc3987_syntax"]
-    return ray
-
-
-#: The folder of the ``sitecustomize`` that does for other processes what :func:`import_ray` does here.
-LEAN_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
-
-
-def lean_pythonpath(pythonpath: str | None) -> str:
-    """``pythonpath`` (a ``PYTHONPATH`` value, or None) with :data:`LEAN_SITE` first."""
-    return os.pathsep.join([LEAN_SITE, *filter(None, [pythonpath])])
 
 
 def init_ray(args: argparse.Namespace) -> None:

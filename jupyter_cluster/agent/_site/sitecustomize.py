@@ -6,7 +6,7 @@ Earley parser: 0.77 s of CPU and 10 MiB in every process that imports Ray, on a 
 machine where a worker took 1.4 s to start. Here the package stands in unbuilt: the first
 IRI check, or anything else that uses the package, imports it then, and the package is
 itself from then on. The agent does the same for its own ``import ray``
-(``jupyter_cluster.agent._main.import_ray``).
+(``jupyter_cluster.agent._importing.import_ray``).
 
 Then the ``sitecustomize`` this one is in front of, if there is one, runs as it would have.
 Nothing here may stop a process from starting: any failure leaves things as they were.
