@@ -430,7 +430,9 @@ class RemoteCell:
             # name: a cell's `import torch` must not load torch (or ray) into the notebook.
             module = info.meta["module"]
             return sys.modules.get(module) or LazyModule(module)
-        if info.kind == "unpicklable":
+        if info.kind == "unpicklable" and (self.out_given or self.mode != "driver"):
+            # A driver cell's value stays where it is, in the driver's namespace, for later driver cells: a pasted
+            # script that assigns a generator or a lock did not ask for it here, and hears nothing of it.
             warning = (
                 f"`{name}` ({info.meta.get('type')}) cannot leave the cluster ({info.meta.get('error')}); "
                 "it was not brought back. Keep it remote with `%%remote --actor NAME`."

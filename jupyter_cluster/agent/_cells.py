@@ -24,11 +24,12 @@ from typing import Any, Protocol, TypeVar
 
 import ray
 
+from . import _cellsource
 from ._actors import ActorCells
 from ._deaths import dead_on_this_node, memory_death
 from ._driver import DriverCells
 from ._environment import Environments, is_setup_error, needs_setup, setup_failure, show_preparing
-from ._execute import CellOutcome, CellSpec, Pickled, RemoteFailure, failed_outputs, unwrap
+from ._execute import CellOutcome, CellSpec, Pickled, RemoteFailure, cell_filename, failed_outputs, unwrap
 from ._interrupt import MainThreadCells
 from ._logs import WorkerLines
 from ._map import MapCells
@@ -296,6 +297,8 @@ class CellRunner:
         if spec.cell_id in self.running:
             raise CellRequestError(f"cell {spec.cell_id} is already running")
         cell = RunningCell(spec.cell_id, mode, emit, spec, options)
+        # For the workers' tracebacks through functions this cell defines (see ._cellsource).
+        self.loop.run_in_executor(None, _cellsource.publish, cell_filename(spec.source), spec.source)
         cell.streams = self.output.open(spec.cell_id, emit)
         if self.lines is not None:
             self.lines.name(spec.cell_id, spec.label)

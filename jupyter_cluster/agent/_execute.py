@@ -575,9 +575,15 @@ def run_in_namespace(
         _logs.mark_task()  # the worker names the task it runs, should it die without a word
         claimant = f"{os.getpid()}-{id(ns)}"  # this run of it (a --map item's, each its own)
         with _Capture(output, ns), _logs.cell(spec.cell_id), _breakpoint.running(spec.relay, spec.cell_id, claimant):
-            exec(body, ns)
-            if last is not None:
-                result = eval(last, ns)
+            try:
+                exec(body, ns)
+                if last is not None:
+                    result = eval(last, ns)
+            except SystemExit as exc:
+                if exc.code not in (None, 0):
+                    raise
+                # sys.exit(0) ends a script that succeeded, as under `python script.py`: the cell succeeds too,
+                # with the names it bound by then.
             _show_figures(output)
     except BaseException as exc:  # KeyboardInterrupt too: it is how cancel arrives
         # A --map item's snapshot is smaller: many items may fail at once, each in a chunk of its own.

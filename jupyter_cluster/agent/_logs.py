@@ -280,8 +280,9 @@ def setup_worker() -> None:
             # Ray's own log records and warnings: marked as Ray's in the worker's stderr (whatever a run's
             # code later makes of sys.stderr), so that the agent keeps them out of the cells.
             _raylog.install(_raylog.marking_sink(sys.stderr))
-        from . import _breakpoint, _deaths
+        from . import _breakpoint, _cellsource, _deaths
 
+        _cellsource.install()  # a traceback the user's code prints shows the lines of the cell that defined it
         _breakpoint.install(unnoted)  # breakpoint() in a cell stops it for the notebook (not Ray's debugger on a port)
         _deaths.install_markers()  # an exit code, a fatal signal: said before the worker dies
         patch_submissions(_worker_note)

@@ -498,6 +498,13 @@ def run(args: argparse.Namespace, reaper: Reaper | None = None) -> None:
     from ._interrupt import MainThreadCells
 
     driver = MainThreadCells()
+    from . import _cellsource
+    from ._raycode import ScriptDriver
+
+    # Ray code pasted into a driver cell: ray.init joins, ray.shutdown ends the script's work (see ._raycode).
+    hint = "`%cluster down` and `%cluster local --cpus N --gpus N` start a bigger one" if args.local else ""
+    ScriptDriver(lambda: threading.get_ident() == driver.main_ident and driver.current is not None, hint).install()
+    _cellsource.install()
     stop: list[Any] = []
     failed: list[BaseException] = []
     reaper = reaper or Reaper()
@@ -580,7 +587,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args, reaper)
     finally:
-        import ray
+        from ._raycode import original_shutdown
 
-        ray.shutdown()
+        original_shutdown()()
     sys.exit(0)

@@ -1,0 +1,297 @@
+"""Ray code pasted into ``--driver`` cells runs as it does under ``python script.py``.
+
+The agent is the Ray driver of the session, attached to the cluster before any cell runs. A pasted script
+begins with ``ray.init(...)`` and may end with ``ray.shutdown()``; Ray's own functions would refuse the first
+("Maybe you called ray.init twice by accident?") and, with the second, disconnect the session's driver. So in the
+agent's process the ``ray`` package's two names are replaced (Ray's own calls of them, inside Ray, are not):
+
+- ``ray.init(...)``, in any form, joins the attached cluster, which is what the user means, and returns Ray's
+  context as a repeated ``ray.init`` would. Arguments that ask for what the cluster does not have (more CPUs or
+  GPUs than it has, a custom resource it lacks, a job-wide ``runtime_env``, another namespace or address, the
+  settings of a new cluster) are said in one line on the cell's stderr: what was asked, what the cluster has,
+  and how to get it. Harmless ones (logging, ``log_to_driver``, ``include_dashboard``, ``ignore_reinit_error``)
+  pass without a word; wrong ones fail as Ray's do.
+- ``ray.shutdown()`` ends what a script's driver takes with it when it disconnects: the actors (not detached)
+  and placement groups that the notebook's driver cells started are stopped. The session stays attached; the
+  objects other cells hold, detached actors and Serve applications stay, as they outlive a script's driver.
+- ``os._exit(status)`` in a driver cell ends the cell, not the agent: the cell fails with that exit status
+  (succeeds with 0), and the session, its objects and its actors go on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+log = logging.getLogger("jupyter_cluster.agent")
+
+#: Arguments of ``ray.init`` that change nothing a script could notice on a cluster that runs already.
+HARMLESS = frozenset(
+    {
+        "address",
+        "ignore_reinit_error",
+        "include_dashboard",
+        "dashboard_host",
+        "dashboard_port",
+        "configure_logging",
+        "logging_level",
+        "logging_format",
+        "logging_config",
+        "log_to_driver",
+        "job_config",
+        "_skip_env_hook",
+    }
+)
+#: Addresses that mean "the cluster at hand" (a new local one under ``python``; here, the attached one).
+THIS_CLUSTER = (None, "", "auto", "local")
+
+
+class DriverExit(SystemExit):
+    """``os._exit(status)`` called by a driver cell: the cell ends with that status; the agent does not."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+    def __str__(self) -> str:
+        return (
+            f"os._exit({self.status}) in a --driver cell: the cell ended with exit status {self.status}. A driver "
+            "cell runs in the agent, the session's Ray driver, which went on running: the session keeps its "
+            "objects and actors"
+        )
+
+
+class ScriptDriver:
+    """The replacements of ``ray.init``, ``ray.shutdown`` and ``os._exit`` in the agent's process."""
+
+    def __init__(self, is_driver_cell: Callable[[], bool], hint: str = "") -> None:
+        #: Whether the calling thread runs a driver cell now.
+        self.is_driver_cell = is_driver_cell
+        #: How a bigger cluster is had, for the notes (``%cluster local --cpus N`` on the embedded cluster).
+        self.hint = hint
+        self.original_init = ray.init
+        self.original_shutdown = ray.shutdown
+        self.original_exit = os._exit
+        self.pid = os.getpid()
+        self._signature = inspect.signature(self.original_init)
+        self._lock = threading.Lock()
+        #: What driver cells started that a script's driver takes with it: named actors by (name, namespace),
+        #: unnamed ones by a weak reference (an unnamed actor ends with its last handle, as under ``python``).
+        self._named: set[tuple[str, str]] = set()
+        self._unnamed: list[weakref.ref[Any]] = []
+        self._groups: list[Any] = []
+
+    # ------------------------------------------------------------------ installing
+    def install(self) -> None:
+        ray.init = self.init
+        ray.shutdown = self.shutdown
+        os._exit = self._exit  # type: ignore[assignment]
+        self._watch_actors()
+        self._watch_placement_groups()
+
+    def _watch_actors(self) -> None:
+        from ray import actor
+
+        original = actor.ActorClass._remote
+        watcher = self
+
+        def _remote(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            handle = original(cls, *args, **kwargs)
+            if watcher.is_driver_cell():
+                watcher._started_actor(handle, kwargs)
+            return handle
+
+        _remote.__wrapped__ = original  # type: ignore[attr-defined]
+        actor.ActorClass._remote = _remote  # type: ignore[method-assign]
+
+    def _watch_placement_groups(self) -> None:
+        import ray.util
+
+        module = sys.modules["ray.util.placement_group"]
+        original = module.placement_group
+        watcher = self
+
+        def placement_group(*args: Any, **kwargs: Any) -> Any:
+            group = original(*args, **kwargs)
+            if watcher.is_driver_cell() and kwargs.get("lifetime") != "detached":
+                with watcher._lock:
+                    watcher._groups.append(group)
+            return group
+
+        placement_group.__wrapped__ = original  # type: ignore[attr-defined]
+        placement_group.__doc__ = original.__doc__
+        module.placement_group = placement_group  # type: ignore[attr-defined]
+        ray.util.placement_group = placement_group
+
+    def _started_actor(self, handle: Any, options: dict[str, Any]) -> None:
+        if options.get("lifetime") == "detached" or options.get("get_if_exists"):
+            return  # it outlives a script's driver; one found, not made, is not this script's
+        with self._lock:
+            name = options.get("name")
+            if name:
+                namespace = options.get("namespace") or ray.get_runtime_context().namespace
+                self._named.add((str(name), str(namespace)))
+            else:
+                try:
+                    self._unnamed.append(weakref.ref(handle))
+                except TypeError:
+                    pass
+                self._unnamed = [r for r in self._unnamed if r() is not None]
+
+    # ------------------------------------------------------------------ ray.init
+    def init(self, *args: Any, **kwargs: Any) -> Any:
+        """``ray.init`` in the agent: join the attached cluster; say what of the arguments it cannot give."""
+        bound = self._signature.bind(*args, **kwargs)  # a wrong call fails as Ray's would
+        given = dict(bound.arguments)
+        extra = given.pop("kwargs", {})
+        if given.get("local_mode"):  # Ray 2.60 refuses it, attached or not
+            raise RuntimeError(
+                "`local_mode` is no longer supported. For interactive debugging consider using the Ray "
+                "distributed debugger."
+            )
+        unknown = [k for k in extra if not k.startswith("_") and k != "allow_multiple"]
+        if unknown:
+            raise RuntimeError(f"Unknown keyword argument(s): {', '.join(unknown)}")
+        notes = self.notes({**given, **extra})
+        if notes:
+            sys.stderr.write(f"ray.init: {'; '.join(notes)}\n")
+        return self.context()
+
+    @staticmethod
+    def context() -> Any:
+        """What a repeated ``ray.init(ignore_reinit_error=True)`` returns: Ray's context of this driver."""
+        from ray._private import worker
+
+        node = worker._global_node
+        if node is None:  # cannot be, attached; the runtime context is what a script reads of it anyway
+            return ray.get_runtime_context()
+        node_id = worker.global_worker.core_worker.get_current_node_id()
+        return worker.RayContext(dict(node.address_info, node_id=node_id.hex()))
+
+    def notes(self, given: dict[str, Any]) -> list[str]:
+        """What of ``ray.init``'s arguments the attached cluster does not give, one phrase each (the last says
+        how to get more, when more was asked)."""
+        notes: list[str] = []
+        have = _cluster_resources()
+        for key, unit in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
+            asked = given.get(key)
+            if asked is not None and float(asked) > have.get(unit, 0.0):
+                notes.append(f"{key}={asked:g}, but the attached cluster has {have.get(unit, 0.0):g} {unit}")
+        for name, amount in (given.get("resources") or {}).items():
+            if float(amount) > have.get(name, 0.0):
+                notes.append(f"resources {name!r}: {amount:g}, but the attached cluster has {have.get(name, 0.0):g}")
+        store = given.get("object_store_memory")
+        if store is not None and int(store) > have.get("object_store_memory", 0.0):
+            notes.append(
+                f"object_store_memory={_size(int(store))}, but the attached cluster's object store holds "
+                f"{_size(int(have.get('object_store_memory', 0)))}"
+            )
+        if notes and self.hint:
+            notes[-1] += f" ({self.hint})"
+        if given.get("runtime_env"):
+            notes.append(
+                "runtime_env: this notebook's job runs already; give it to the tasks and actors "
+                "(`.options(runtime_env=...)`), to a cell (`%%remote --runtime-env JSON`) or to the session "
+                "(`%cluster local --runtime-env JSON`)"
+            )
+        namespace = given.get("namespace")
+        ours = ray.get_runtime_context().namespace
+        if namespace is not None and namespace != ours:
+            notes.append(
+                f"namespace={namespace!r}: this notebook's driver runs in namespace {ours!r}, where the named actors "
+                "it makes are"
+            )
+        address = given.get("address")
+        if address not in THIS_CLUSTER and address != _gcs_address():
+            notes.append(
+                f"address={address!r}: this notebook stays attached to {_gcs_address()} (`%cluster connect`"
+                " attaches it elsewhere)"
+            )
+        new_cluster = sorted(
+            k for k in given if k not in HARMLESS and k not in _ASKED and given[k] not in (None, False, {})
+        )
+        if new_cluster:
+            notes.append(f"{', '.join(new_cluster)}: settings of a new cluster; the attached one runs as it is")
+        return notes
+
+    # ------------------------------------------------------------------ ray.shutdown
+    def shutdown(self, *args: Any, **kwargs: Any) -> None:
+        """``ray.shutdown`` in the agent: stop what driver cells started that a script's driver takes with it."""
+        self._signature_of_shutdown().bind(*args, **kwargs)
+        with self._lock:
+            named, self._named = self._named, set()
+            unnamed, self._unnamed = [r() for r in self._unnamed], []
+            groups, self._groups = self._groups, []
+        for name, namespace in sorted(named):
+            try:
+                ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+            except ValueError:  # gone already
+                pass
+            except Exception:
+                log.warning("ray.shutdown() in a driver cell could not stop actor %s", name, exc_info=True)
+        for handle in unnamed:
+            if handle is not None:
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception:
+                    log.debug("ray.shutdown() in a driver cell: an actor was gone already", exc_info=True)
+        for group in groups:
+            try:
+                ray.util.remove_placement_group(group)
+            except Exception:
+                log.debug("ray.shutdown() in a driver cell: a placement group was gone already", exc_info=True)
+
+    def _signature_of_shutdown(self) -> inspect.Signature:
+        return inspect.signature(self.original_shutdown)
+
+    # ------------------------------------------------------------------ os._exit
+    def _exit(self, status: int) -> None:
+        # A forked child (multiprocessing) ends as it must; only the agent's own driver-cell thread is kept.
+        if os.getpid() == self.pid and self.is_driver_cell():
+            raise DriverExit(status)
+        self.original_exit(status)
+
+
+#: Arguments :meth:`ScriptDriver.notes` compares with what the cluster has (not "a new cluster's settings").
+_ASKED = frozenset(
+    {"num_cpus", "num_gpus", "resources", "object_store_memory", "runtime_env", "namespace", "local_mode"}
+)
+
+
+def _cluster_resources() -> dict[str, float]:
+    try:
+        return {k: float(v) for k, v in ray.cluster_resources().items()}
+    except Exception:
+        return {}
+
+
+def _gcs_address() -> str:
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:
+        return "the attached cluster"
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def original_shutdown() -> Callable[..., None]:
+    """Ray's own ``ray.shutdown``, for the agent's own end (whether or not :class:`ScriptDriver` is installed)."""
+    from ray._private import worker
+
+    return worker.shutdown
+
+
+__all__ = ["HARMLESS", "DriverExit", "ScriptDriver", "original_shutdown"]
