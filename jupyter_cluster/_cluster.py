@@ -24,6 +24,7 @@ from typing import Any, cast
 from . import _environment, _sync, _views
 from ._analysis import analyse_cell
 from ._cell import RemoteCell
+from ._crash import crash_site
 from ._errors import (
     AgentLostError,
     ClusterConnectionError,
@@ -135,6 +136,7 @@ class Cluster:
         #: ``jc.map`` calls whose progress bar still runs: their handle ids, and their watch.
         self._trackers: list[tuple[frozenset[str], concurrent.futures.Future[Any]]] = []
         link.on_give_up = self._link_gave_up
+        link.explain = self._what_went
         link.watchers.append(lambda what: tell("link", self))
         #: Interrupting a cell while the link is down: "cancel" it when the link
         #: returns, or "keep" it running (its result arrives when the link is back).
@@ -180,6 +182,42 @@ class Cluster:
         elif link.state == "lost":
             info["error"] = link.lost
         return info
+
+    def _what_went(self, gone: str) -> tuple[str, str]:
+        """Why the agent is gone, where a crash hit, and what went with it (a crash in a driver cell ends it); and
+        what the user can do now."""
+        agent = self._agent
+        crash = agent.crash_text() if agent is not None else str(getattr(self._link.transport, "crash", ""))
+        running = list(self.cells.values())
+        words = [gone]
+        site = crash_site(crash)
+        if site is not None:
+            filename, line = site
+            cell = next((c for c in running if cell_filename(c.spec.source) == filename), None)
+            where = f"{cell.label} ({cell.where})" if cell is not None else "a remote cell's code"
+            text = linecache.getline(filename, line).strip()
+            words.append(f", in {where}, line {line}" + (f": `{text}`" if text else ""))
+        drivers = [c.label for c in running if c.mode == "driver"]
+        if drivers:
+            words.append(
+                f". {', '.join(drivers)} ran in the agent (--driver), the session's Ray driver: a crash there ends it"
+            )
+        went = "the driver's namespace, the values the notebook's handles stood for, the actors the cells started"
+        if running:
+            went += f" and the cells that ran ({', '.join(c.label for c in running)})"
+        if agent is not None:
+            words.append(f". With it went the embedded cluster: {went}")
+            then = (
+                "The notebook's own variables are intact; the next %%remote cell (or `%cluster local`) starts a new "
+                "embedded cluster."
+            )
+        else:
+            words.append(f". With it went {went}")
+            then = (
+                "The notebook's own variables are intact. The Ray cluster runs on, with its detached actors and Serve "
+                f"applications; `%cluster connect {self._link.transport.describe()}` starts a new agent."
+            )
+        return "".join(words), then
 
     def _link_gave_up(self, error: BaseException) -> None:
         # The session lives on in the agent when only the link is gone: a later

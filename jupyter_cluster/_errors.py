@@ -35,11 +35,12 @@ class ClusterConnectionError(ClusterError, ConnectionError):
 class AgentLostError(ClusterConnectionError):
     """The agent is gone (its process exited, or it could not be reached again)."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(
-            f"the cluster's agent is gone: {reason}. The notebook's variables are intact; "
-            "`%cluster local` (or `jc.local()`) starts a new embedded cluster."
-        )
+    def __init__(self, reason: str, then: str | None = None) -> None:
+        if then is None:
+            then = (
+                "The notebook's variables are intact; `%cluster local` (or `jc.local()`) starts a new embedded cluster."
+            )
+        super().__init__(f"the cluster's agent is gone: {reason}. {then}")
         self.reason = reason
 
 

@@ -212,6 +212,8 @@ class AgentLink:
         self.bytes_received = 0
         #: Called with the reason when the link gives up for good (the session may live on).
         self.on_give_up: Callable[[BaseException], None] | None = None
+        #: Turns why the agent is gone into what the user reads (what went with it: see ``Cluster``).
+        self.explain: Callable[[str], tuple[str, str]] | None = None
         #: Called as ``watcher(what)`` when the ``state`` or the ``rtt`` changed (on any thread).
         self.watchers: list[Callable[[str], None]] = []
         #: Final events of requests this link did not send (an earlier kernel's).
@@ -356,7 +358,7 @@ class AgentLink:
             while not self.closed:
                 gone = self.transport.lost_reason()
                 if gone is not None:
-                    self._give_up(AgentLostError(gone))
+                    self._give_up(self._explained(gone))
                     return
                 self.attempts += 1
                 try:
@@ -407,6 +409,15 @@ class AgentLink:
             f"live on in the agent; the notebook's variables are intact.{resume}"
         )
         return LinkLostError(message, self.session, hint)
+
+    def _explained(self, gone: str) -> AgentLostError:
+        if self.explain is None:
+            return AgentLostError(gone)
+        try:
+            return AgentLostError(*self.explain(gone))
+        except Exception:  # the plain reason is still the reason
+            log.exception("could not say what went with the agent")
+            return AgentLostError(gone)
 
     def _give_up(self, error: ClusterConnectionError) -> None:
         self.lost = str(error)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 
+from ._crash import CRASH_FILE, how_it_ended, oom_kills
 from ._errors import ClusterConnectionError
 
 START_TIMEOUT = 180.0
@@ -30,6 +31,7 @@ class EmbeddedAgent:
         self.socket = os.path.join(self.folder, "agent.sock")
         self.log = os.path.join(self.folder, "agent.log")
         self.secret = secrets.token_hex(32)
+        self._oom_kills = oom_kills()  # to tell, should it die of SIGKILL, whether the out-of-memory killer did it
         command = [
             sys.executable,
             "-m",
@@ -107,7 +109,17 @@ class EmbeddedAgent:
         code = self.process.poll()
         if code is None:
             return None
-        return f"the embedded agent process exited with code {code}"
+        kills = oom_kills()
+        oom = kills is not None and self._oom_kills is not None and kills > self._oom_kills
+        return f"the embedded agent died: {how_it_ended(code, self.crash_text(), oom)}"
+
+    def crash_text(self) -> str:
+        """What the agent's faulthandler wrote, should a fatal signal have ended it (see :mod:`._crash`)."""
+        try:
+            with open(os.path.join(self.folder, CRASH_FILE), errors="replace") as f:
+                return f.read(64 << 10)
+        except OSError:
+            return ""
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.process.poll() is None:

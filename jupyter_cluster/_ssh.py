@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import posixpath
 import re
 import secrets
 import shlex
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._crash import CRASH_FILE, how_it_ended
 from ._errors import ClusterConnectionError
 from ._version import __version__
 
@@ -392,6 +394,8 @@ class SSHTransport:
         #: The agent's process id on the head (from its welcome), to tell "gone" from "busy".
         self.agent_pid: int | None = None
         self._gone: str | None = None
+        #: What the agent's faulthandler left, once it is known to be gone.
+        self.crash = ""
         self._nodelay: asyncio.Future[None] | None = None
 
     async def connection(self) -> Any:
@@ -416,7 +420,8 @@ class SSHTransport:
             return await conn.open_unix_connection(self.socket_path)
         except asyncssh.ChannelOpenError as exc:
             if await self._agent_exited(conn):
-                self._gone = f"the agent on {self.target.host} is gone (its process exited; {exc.reason})"
+                how = how_it_ended(None, await self._crash_text(conn))
+                self._gone = f"the agent on {self.target.host} died: {how} ({exc.reason})"
                 raise ClusterConnectionError(self._gone) from None
             error = ClusterConnectionError(f"the agent's socket on {self.target.host} did not answer ({exc.reason})")
             error.carrier_ok = True  # type: ignore[attr-defined]  # SSH works: keep the connection
@@ -434,6 +439,16 @@ class SSHTransport:
         except Exception:
             return False
         return done.exit_status == 1 and "No such process" in str(done.stderr)
+
+    async def _crash_text(self, conn: Any) -> str:
+        """What the agent's faulthandler left on the head (see :mod:`._crash`): empty where nothing was."""
+        path = posixpath.join(posixpath.dirname(self.socket_path), CRASH_FILE)
+        try:
+            done = await asyncio.wait_for(conn.run(f"tail -c 65536 {shlex.quote(path)}", check=False), 15)
+        except Exception:
+            return ""
+        self.crash = str(done.stdout or "")
+        return self.crash
 
     def lost_reason(self) -> str | None:
         return self._gone
