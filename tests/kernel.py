@@ -13,8 +13,8 @@ from jupyter_client.manager import KernelManager
 class Kernel:
     """A ``python3`` kernel; :meth:`execute` runs code and returns what it published."""
 
-    def __init__(self, cwd: str | None = None, env: dict[str, str] | None = None) -> None:
-        self.km = KernelManager(kernel_name="python3")
+    def __init__(self, cwd: str | None = None, env: dict[str, str] | None = None, kernel_name: str = "python3") -> None:
+        self.km = KernelManager(kernel_name=kernel_name)
         self.km.start_kernel(env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, cwd=cwd)
         self.kc = self.km.blocking_client()
         self.kc.start_channels()
