@@ -111,8 +111,11 @@ class Cluster:
         self.history: OrderedDict[str, str] = OrderedDict()
         #: Called by :meth:`down`, last first: each stops something this cluster started.
         self.stoppers: list[Callable[[], None]] = []
-        #: The Ray dashboard, forwarded to this machine (SSH clusters).
+        #: Ray's dashboard: forwarded to this machine (SSH clusters), or the embedded cluster's own, on loopback.
         self.dashboard_url: str | None = None
+        #: What a terminal on this machine sets for Ray's CLI (`ray status`, `ray list`, `ray job`) to reach the
+        #: embedded cluster: its GCS address, and Ray's token authentication where it runs with it.
+        self.ray_env: str | None = None
         #: Ports of the head reachable here (:meth:`forward`), open ones only.
         self.forwards: list[PortForward] = []
         #: What the head's probe found (SSH clusters): Python, Ray, this package's version.
@@ -807,13 +810,17 @@ class Cluster:
         """
         link = self.link
         forwards = [f.describe() for f in self.forwards]
-        if link["state"] != "connected":
-            return ClusterStatus(
-                None, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher, self.launched_here
-            )
-        data = self._link.call("status")
+        data = self._link.call("status") if link["state"] == "connected" else None
         return ClusterStatus(
-            data, self.kind, self.dashboard_url, link, self.python, forwards, self.launcher, self.launched_here
+            data,
+            self.kind,
+            self.dashboard_url,
+            link,
+            self.python,
+            forwards,
+            self.launcher,
+            self.launched_here,
+            self.ray_env,
         )
 
     def timeline(self, cell: Any = None) -> dict[str, Any]:
@@ -1012,5 +1019,9 @@ def _local(cpus: float | None, gpus: float | None, object_store: int | str | Non
             agent.stop()
             raise
         _current = cluster = Cluster(link, kind="embedded local", agent=agent)
+        cluster.dashboard_url = cast("str | None", agent.ready.get("dashboard"))  # Ray's, where the box has room
+        if agent.ready.get("gcs"):
+            token = " RAY_AUTH_MODE=token" if agent.ready.get("auth") == "token" else ""
+            cluster.ray_env = f"RAY_ADDRESS={agent.ready['gcs']}{token}"
     tell("current", cluster)
     return cluster

@@ -51,6 +51,8 @@ class ClusterStatus:
     launcher: str | None = None
     #: Whether this notebook ran ``ray up`` on it (``down`` then runs ``ray down``), or found it running.
     launched_here: bool = True
+    #: What a terminal on this machine sets for Ray's own CLI to reach the cluster (the embedded one).
+    ray_env: str | None = None
 
     def _summed(self, key: str) -> float | None:
         if self.data is None:
@@ -123,7 +125,11 @@ class ClusterStatus:
         if self.link:
             lines.append(self._link_line())
         if self.dashboard:
-            lines.append(f"  Ray dashboard: {self.dashboard}")
+            lines.append(f"  Ray dashboard: {self.dashboard}{_TOKEN_HINT if self.ray_env else ''}")
+        if self.ray_env:
+            lines.append(
+                f"  Ray's CLI in a terminal here: export {self.ray_env} (then ray status, ray list actors, ...)"
+            )
         for node in data["nodes"]:
             res = node["resources"]
             load = node.get("load") or {}
@@ -293,6 +299,9 @@ def _list(items: list[str]) -> str:
 
 #: Opens the live dashboard in a JupyterLab tab: the sidebar extension shows the button
 #: (it is ``hidden`` elsewhere, where nothing would answer it) and handles its clicks.
+#: Where Ray's dashboard's token comes from, when Ray runs with token authentication (its page asks for it).
+_TOKEN_HINT = " (it asks for Ray's token: `ray get-auth-token`)"
+
 DASHBOARD_BUTTON = (
     '<button data-jupyter-cluster-dashboard hidden class="jc-dashboard-button" '
     'title="Open the live dashboard in a JupyterLab tab">Open dashboard</button>'
@@ -322,7 +331,13 @@ def status_html(status: ClusterStatus, button: bool = False) -> str:
         rows.append(f"<tr><th>versions</th><td>{', '.join(versions)}</td></tr>")
     if status.dashboard:
         url = _e(status.dashboard)
-        rows.append(f'<tr><th>Ray dashboard</th><td><a href="{url}" target="_blank">{url}</a></td></tr>')
+        hint = _e(_TOKEN_HINT) if status.ray_env else ""
+        rows.append(f'<tr><th>Ray dashboard</th><td><a href="{url}" target="_blank">{url}</a>{hint}</td></tr>')
+    if status.ray_env:
+        rows.append(
+            f"<tr><th>Ray's CLI</th><td>in a terminal here: <code>export {_e(status.ray_env)}</code>, then "
+            "<code>ray status</code>, <code>ray list actors</code>, <code>ray job submit</code></td></tr>"
+        )
     head = f"<b>{_e(status.kind)}</b>"
     if data is None:
         body = "<table>" + "".join(rows) + "</table>"

@@ -138,9 +138,16 @@ def init_ray(args: argparse.Namespace) -> None:
             del runtime_env["worker_process_setup_hook"]
         # "local": a Ray of our own even where `ray start` left one running (plain
         # ray.init() would join that one, and refuse the CPU count).
+        from ._sizing import dashboard_fits, memory_limit
+
+        # Ray's own tools (its dashboard, the state API, `ray job`), as a plain ray.init() offers them, where the box
+        # has room; on loopback only, behind Ray's token (ray.init turns token authentication on for a new cluster).
+        dashboard = dashboard_fits(memory_limit())
         kwargs.update(
-            address="local", num_cpus=_count(args.num_cpus), num_gpus=_count(args.num_gpus), include_dashboard=False
+            address="local", num_cpus=_count(args.num_cpus), num_gpus=_count(args.num_gpus), include_dashboard=dashboard
         )
+        if dashboard:
+            kwargs["dashboard_host"] = "127.0.0.1"
         if args.object_store_memory:
             kwargs["object_store_memory"] = args.object_store_memory
         # Ray's figures every 2 s, not every 5 to 10: the status card and the dashboard then say what a cell just
@@ -167,6 +174,11 @@ def init_ray(args: argparse.Namespace) -> None:
     else:
         _init_local(ray, kwargs)
     log.info("ray.init took %.2f s", time.monotonic() - started)
+    node = ray._private.worker._global_node
+    if args.local and node is not None and node.address_info.get("webui_url"):
+        TOOLS["dashboard"] = f"http://{node.address_info['webui_url']}"
+    TOOLS["gcs"] = ray.get_runtime_context().gcs_address
+    TOOLS["auth"] = os.environ.get("RAY_AUTH_MODE", "disabled").lower()  # ray.init set "token" for a new cluster
     # Ray prints its workers' lines to the driver's stdout, which is the agent's announcement to the
     # kernel: the agent routes them itself (see ._logs), from before the first worker writes.
     from ray._private import worker
@@ -185,6 +197,10 @@ def init_ray(args: argparse.Namespace) -> None:
     relay = start_relay()  # a process of its own (a worker's push to it before it runs is held back; _remote.announce)
     threading.Thread(target=warm_up, args=(relay, warming), daemon=True, name="jupyter-cluster-warm-up").start()
 
+
+#: Where Ray's own tools reach this cluster: ``gcs`` (its GCS address, for `ray status` and the state API) and, on
+#: the embedded cluster when it runs one, ``dashboard`` (Ray's dashboard's URL); the agent's announcement says them.
+TOOLS: dict[str, str] = {}
 
 #: Set once :func:`warm_up` is done (the runner's ``warm``).
 WARMED = threading.Event()
@@ -484,7 +500,7 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     import ray
 
     log.info("serving on %s", args.socket)
-    announce({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__})
+    announce({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__, **TOOLS})
     watcher = asyncio.ensure_future(watch(server, args))
     await server.stopped.wait()
     runner.close()

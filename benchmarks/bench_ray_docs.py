@@ -1,0 +1,683 @@
+"""Ray's own documentation scripts, run with plain ``python`` and pasted into ``%%remote --driver`` cells.
+
+What it measures: whether code written for a plain Ray driver works unchanged in a notebook driver
+cell. Each ``.py`` file under ``--scripts`` (recursively) runs twice:
+
+- **python**: ``python script.py`` with a copy of the script in an empty temporary folder (so the
+  other scripts of the folder, ``tqdm.py`` say, shadow nothing), under a timeout, with the
+  environment of a new user: ``PATH`` (this interpreter's folder first), ``LANG``, ``USER``,
+  ``LOGNAME`` and a fresh, empty ``HOME`` shared by the run's python scripts; no ``RAY_ADDRESS``,
+  no ``PYTHONPATH``. One addition: ``RAY_TMPDIR`` points at a folder of the script's own, so its
+  Ray session cannot find another one on the machine, and so every process it left behind
+  (Ray's workers, its dashboard's forkserver, ...) is found by that variable in its environment
+  and killed once the script ends. Nothing else is stopped: no ``ray stop --force``, which would
+  stop every Ray on the machine. The script's own ``ray.init()`` starts its own Ray, as usual.
+- **cell**: one Jupyter kernel (``jupyter_client``) for the whole run, with the same kind of
+  environment (its own fresh ``HOME`` and ``RAY_TMPDIR``), runs ``%load_ext jupyter_cluster`` and
+  ``%cluster local --cpus 2`` once, then each script as ``"%%remote --driver\\n" + source``.
+  Between scripts (untimed) ``jc.current().reset_driver()`` stops what the previous script
+  started (its actors, placement groups, the driver namespace), as the end of a python process
+  does; were the cluster gone, it is started again (noted). A cell past the timeout is
+  interrupted (the notebook's stop button).
+
+The python runs all come first, then the cells: never two of Ray's clusters busy at once.
+
+A script **passes** under python if it exits 0; as a cell if its ``execute_reply`` is ``ok``.
+
+**Same printed lines.** What each way printed (python: stdout and stderr; cell: its ``stream``
+messages, stdout and stderr) is normalised into lines, and the two multisets compared:
+
+1. ANSI colours are removed; ``\\r`` ends a line as ``\\n`` does; blank lines are dropped.
+2. Ray's own lines are dropped: its logger's (``2024-01-01 12:00:00,123<TAB>INFO worker.py:1 --``
+   and ``WARNING``/``ERROR``/``DEBUG``), its C++ core's (``[2024-01-01 12:00:00,123 W 12 34] ...``),
+   those of its own processes (``(raylet)``, ``(gcs_server)``, ``(autoscaler +3s)``, ...), its
+   log-deduplication notice, Python warnings raised from inside Ray's own package (with the
+   source line that follows them), and progress bars (``45%|####``, ``it/s]``).
+3. Ray's deduplicated worker lines, ``X [repeated 3x across cluster]``, count as 3 lines ``X``.
+4. Masked, in order: a worker line's prefix ``(name pid=123, ip=10.0.0.1)`` to ``(name)``;
+   ``File "<the script's path>"`` and the cell's ``File "<remote-cell-...>"`` to ``<SCRIPT>``;
+   the temporary folders and ``HOME``; Ray session folders; date-times and clock times;
+   ``ObjectRef(...)``/``ActorID(...)``-style ids, ``0x`` addresses, UUIDs and hex ids of 8+
+   characters; IP addresses (with a port); ``pid=123`` and ``pid 123``; durations (``1.5s``,
+   ``12 ms``); decimal numbers (timings, random estimates); percentages.
+
+"yes": the two multisets are equal; "set": the same distinct lines, counted differently (timing:
+how often a loop polled, how many lines a worker got out before the process ended); "no"
+otherwise, and the first line one side has that the other lacks is shown. A cell's ``Out[]``
+value and the displays the notebook shows (not printed lines) are kept in ``--json`` only.
+
+**Skipped**, with the reason shown, by these rules on the source (first match wins): CUDA
+(``.cuda(``, ``device="cuda"``); NCCL/NIXL; NPU/Neuron accelerators; TensorFlow imports; Java/C++
+(``cross_language``, ``java_function``); downloads (``torchvision``, ``download=True``, a
+runtime_env with ``"conda"``/``"pip"``); ``ray start``/``ray stop`` from the script (it would stop
+the notebook's cluster and any other Ray on the machine); endless allocations waiting for the OOM
+killer (``while True: chunks.append``); and by name: ``limit_tasks.py`` (a million tasks with 8 MB
+arguments). Scripts that only declare GPUs to a fresh ``ray.init(num_gpus=...)`` are run.
+
+Run: ``python benchmarks/bench_ray_docs.py --scripts DIR [--only PATTERN] [--timeout 120]
+[--json OUT] [--sides python,cell] [--list]``. The scripts are not part of this repository;
+``DIR`` is a folder of Ray's ``doc/source/**/doc_code`` files. The headline: of the scripts that
+pass under python, how many pass as cells, and how many print the same lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import fnmatch
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# --------------------------------------------------------------------------- which scripts run
+
+#: (pattern on the source, reason); the first that matches skips the script.
+SKIP_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"""\.cuda\(|device=["']cuda["']"""), "needs a CUDA GPU"),
+    (re.compile(r"nccl|nixl", re.IGNORECASE), "needs a GPU transport (NCCL/NIXL)"),
+    (re.compile(r"torch_npu|\.npu\(|neuron_core|NEURON_RT"), "needs an NPU / AWS Neuron accelerator"),
+    (re.compile(r"^\s*(import tensorflow|from tensorflow)", re.MULTILINE), "needs TensorFlow (not installed)"),
+    (re.compile(r"cross_language|java_function|java_actor_class"), "calls Java/C++ (cross-language)"),
+    (
+        re.compile(r"""torchvision|download=True|["']conda["']\s*:|["']pip["']\s*:"""),
+        "downloads packages or data (no network here)",
+    ),
+    (
+        re.compile(r"""["']ray["']\s*,\s*["'](start|stop)["']"""),
+        "runs `ray start`/`ray stop --force`: stops every Ray on the machine, the notebook's cluster included",
+    ),
+    (
+        re.compile(r"while True:\s*\n\s*chunks\.append"),
+        "allocates memory until Ray's OOM killer fires: unsafe on a shared machine",
+    ),
+]
+
+#: Skipped by file name.
+SKIP_NAMES: dict[str, str] = {
+    "limit_tasks.py": "1,000,000 tasks with 8 MB arguments: runs far past any timeout, spills GBs to disk",
+}
+
+
+def skip_reason(path: Path, source: str) -> str | None:
+    """Why the script is not run, or None."""
+    code = "\n".join(line.split("#", 1)[0] if line.lstrip().startswith("#") else line for line in source.splitlines())
+    for pattern, reason in SKIP_RULES:
+        if pattern.search(code):
+            return reason
+    return SKIP_NAMES.get(path.name)
+
+
+def find_scripts(folder: Path, only: str | None) -> list[Path]:
+    scripts = sorted(p for p in folder.rglob("*.py") if p.is_file())
+    if only:
+        patterns = [f"*{part.strip()}*" for part in only.split(",") if part.strip()]
+        scripts = [p for p in scripts if any(fnmatch.fnmatch(str(p.relative_to(folder)), pat) for pat in patterns)]
+    return scripts
+
+
+# --------------------------------------------------------------------------- normalising output
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+RAY_LOGGER = re.compile(
+    r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3}\s+(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+:\d+ --"
+)
+RAY_CORE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} [DIWEF] \d+ \d+\]")
+RAY_PROCESS = re.compile(
+    r"^\((raylet|gcs_server|autoscaler[^)]*|monitor|dashboard[^)]*|log_monitor|runtime_env_agent|"
+    r"raylet, ip=[\d.]+)\)"
+)
+RAY_WARNING = re.compile(r"site-packages/ray/\S+:\d+: \w*Warning:")
+PROGRESS = re.compile(r"\d+%\|[^|]*\||it/s\]|s/it\]")
+DEDUP_NOTICE = re.compile(r"\s*\(Ray deduplicates logs by default\..*$")
+REPEATED = re.compile(r"^(?P<line>.*?) \[repeated (?P<n>\d+)x across cluster\]\s*$")
+PREFIX = re.compile(r"^\((?P<name>.+?) pid=\d+(?:, ip=[\d.]+)?\)(?: |$)")
+IGNORED_START = re.compile(r"^Exception ignored in\b")
+IGNORED_END = re.compile(r"^[A-Za-z_][\w.]*(Error|Exit|Exception|Interrupt)\b")
+BOXES = str.maketrans({c: "+" for c in "╭╮╰╯├┤┼┬┴"} | {"│": "|", "─": "-"})
+BORDER = re.compile(r"^[+|-][+| -]*$")
+TIME_WORD = re.compile(r"time", re.IGNORECASE)
+INTEGER = re.compile(r"(?<![\w<])\d+(?![\w>])")
+
+MASKS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"<remote-cell-[0-9a-f]+>"), "<SCRIPT>"),
+    (re.compile(r"session_\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}_\d+_\d+"), "session_<ID>"),
+    (re.compile(r"\d{4}-\d{2}-\d{2}[ _T]\d{2}[:-]\d{2}[:-]\d{2}(?:[.,]\d+)?"), "<TIME>"),
+    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"), "<TIME>"),
+    (re.compile(r"\b(ObjectRef|ActorID|TaskID|NodeID|JobID|ObjectID|PlacementGroupID)\([0-9a-f]+\)"), r"\1(<ID>)"),
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x<ADDR>"),
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"), "<UUID>"),
+    (re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{8,}\b"), "<HEX>"),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"), "<IP>"),
+    (re.compile(r"\b(\w+?)_[0-9a-f]{5}_\d{5}\b"), r"\1_<TRIAL>"),
+    (re.compile(r"\bpid[= ]\d+"), "pid=<PID>"),
+    (re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:ms|us|µs|s|sec|secs|seconds|min|mins|minutes)\b"), "<DUR>"),
+    (re.compile(r"(?<![\w.])-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+)"), "<NUM>"),
+    (re.compile(r"\b\d+(?:\.\d+)?%"), "<PCT>"),
+]
+
+
+def normalise(text: str, paths: dict[str, str]) -> list[str]:
+    """The lines of ``text`` that count, masked (see the module docstring). ``paths`` maps
+    literal paths (longest first) to their placeholders."""
+    lines: list[str] = []
+    drop_next_indented = False
+    ignoring: set[str] = set()  # the worker prefixes inside an "Exception ignored in" report
+    for raw in ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        line = DEDUP_NOTICE.sub("", raw.rstrip())
+        if drop_next_indented and line.startswith("  "):
+            drop_next_indented = False
+            continue
+        drop_next_indented = False
+        prefix = PREFIX.match(line)
+        who = prefix["name"] if prefix else ""
+        body = line[prefix.end() :] if prefix else line
+        if who in ignoring:
+            if IGNORED_END.match(body):
+                ignoring.discard(who)
+            continue
+        if IGNORED_START.match(body):
+            ignoring.add(who)
+            continue
+        if not body.strip():
+            continue
+        if RAY_LOGGER.match(body) or RAY_CORE.match(body) or RAY_PROCESS.match(line) or PROGRESS.search(line):
+            continue
+        if RAY_WARNING.search(body):
+            drop_next_indented = True
+            continue
+        copies = 1
+        repeated = REPEATED.match(line)
+        if repeated:
+            line, copies = repeated["line"], int(repeated["n"])
+        line = PREFIX.sub(lambda m: f"({m['name']}) ", line)
+        for literal, placeholder in paths.items():
+            line = line.replace(literal, placeholder)
+        for pattern, replacement in MASKS:
+            line = pattern.sub(replacement, line)
+        if TIME_WORD.search(line):
+            line = INTEGER.sub("<N>", line)
+        line = " ".join(line.translate(BOXES).split())
+        if BORDER.match(line):
+            line = "<BORDER>"
+        lines.extend([line] * copies)
+    return lines
+
+
+@dataclass
+class Comparison:
+    same: str  # "yes", "set" or "no"
+    only_python: list[str]
+    only_cell: list[str]
+
+
+def compare(python_lines: list[str], cell_lines: list[str]) -> Comparison:
+    py, cell = collections.Counter(python_lines), collections.Counter(cell_lines)
+    only_py = [line for line in python_lines if (py - cell)[line]]
+    only_cell = [line for line in cell_lines if (cell - py)[line]]
+    if py == cell:
+        same = "yes"
+    elif set(py) == set(cell):
+        same = "set"
+    else:
+        same = "no"
+    return Comparison(same, list(dict.fromkeys(only_py)), list(dict.fromkeys(only_cell)))
+
+
+# --------------------------------------------------------------------------- the two ways
+
+
+@dataclass
+class Outcome:
+    status: str  # "ok", "fail", "timeout", "skip", "not run"
+    seconds: float = 0.0
+    text: str = ""  # what it printed, stdout and stderr (python: stdout then stderr)
+    error: str = ""  # python: the last line of stderr; cell: "ename: evalue"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def new_user_env(home: Path, ray_tmpdir: Path) -> dict[str, str]:
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "user"
+    return {
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "USER": user,
+        "LOGNAME": user,
+        "RAY_TMPDIR": str(ray_tmpdir),
+    }
+
+
+def processes_with(variable: str) -> list[int]:
+    """Our processes whose environment holds ``variable`` (``NAME=value``)."""
+    needle = variable.encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes() + b"\0":
+                found.append(int(entry.name))
+    return found
+
+
+def kill_leftovers(variable: str, group: int | None) -> int:
+    """Kill what a script left running; how many processes were still there."""
+    if group is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    left = processes_with(variable)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while processes_with(variable) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return len(left)
+
+
+def run_python(script: Path, root: Path, home: Path, timeout: float) -> tuple[Outcome, dict[str, str]]:
+    """``python script.py`` in a fresh folder; its outcome and the paths to mask in its output."""
+    work = Path(tempfile.mkdtemp(prefix="p", dir=root))
+    cwd, ray_tmp = work / "cwd", work / "t"
+    cwd.mkdir()
+    ray_tmp.mkdir()
+    shutil.copy(script, cwd / script.name)
+    env = new_user_env(home, ray_tmp)
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, script.name],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        status = "ok" if proc.returncode == 0 else "fail"
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        status = "timeout"
+    seconds = time.perf_counter() - start
+    left = kill_leftovers(f"RAY_TMPDIR={ray_tmp}", proc.pid)
+    shutil.rmtree(work, ignore_errors=True)
+    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+    last = [line for line in ANSI.sub("", stderr).splitlines() if line.strip()]
+    outcome = Outcome(
+        status,
+        seconds,
+        stdout + stderr,
+        "" if status == "ok" else (last[-1] if last else f"exit {proc.returncode}"),
+        {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr, "leftover_processes": left},
+    )
+    paths = {str(cwd / script.name): "<SCRIPT>", str(ray_tmp): "<RAYTMP>", str(cwd): "<CWD>", str(home): "<HOME>"}
+    return outcome, paths
+
+
+class Notebook:
+    """One kernel, attached to ``%cluster local --cpus 2``, running scripts as ``--driver`` cells."""
+
+    SETUP = "%load_ext jupyter_cluster\n%cluster local --cpus 2"
+    RESET = "import jupyter_cluster as _bench_jc\n_bench_jc.current().reset_driver()"
+
+    def __init__(self, root: Path) -> None:
+        self.home = root / "home_cell"
+        self.home.mkdir(exist_ok=True)
+        self.ray_tmp = root / "c"
+        self.ray_tmp.mkdir(exist_ok=True)
+        self.cwd = root / "cwd_cell"
+        self.cwd.mkdir(exist_ok=True)
+        self.km: Any = None
+        self.kc: Any = None
+        self.restarts: list[str] = []
+
+    def start(self) -> None:
+        from jupyter_client.manager import KernelManager
+
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env=new_user_env(self.home, self.ray_tmp), cwd=str(self.cwd))
+        self.kc = self.km.blocking_client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+        self.setup()
+
+    def setup(self) -> None:
+        reply = self.execute(self.SETUP, timeout=300)
+        if reply.status != "ok":
+            raise RuntimeError(f"{self.SETUP!r} failed: {reply.error}\n{reply.text}")
+
+    def stop(self) -> None:
+        if self.kc is None:
+            return
+        with contextlib.suppress(Exception):
+            self.execute("%cluster down", timeout=120)
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+        self.kc = self.km = None
+        kill_leftovers(f"RAY_TMPDIR={self.ray_tmp}", None)
+
+    def execute(self, code: str, timeout: float) -> Outcome:
+        """Run ``code``; past ``timeout`` interrupt it (and give it 60 s more to end)."""
+        start = time.perf_counter()
+        msg_id = self.kc.execute(code)
+        streams: list[tuple[str, str]] = []
+        displays: list[str] = []
+        result: str | None = None
+        error = ""
+        traceback = ""
+        interrupted = False
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if interrupted:
+                    raise TimeoutError("the kernel did not end the cell 60 s after an interrupt")
+                self.km.interrupt_kernel()
+                interrupted = True
+                deadline = time.monotonic() + 60
+                continue
+            try:
+                msg = self.kc.get_iopub_msg(timeout=min(left, 1.0))
+            except Exception:  # queue.Empty
+                if not self.km.is_alive():
+                    raise RuntimeError("the kernel died") from None
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                streams.append((content["name"], content["text"]))
+            elif kind == "error":
+                error = f"{content['ename']}: {content['evalue']}"
+                traceback = ANSI.sub("", "\n".join(content["traceback"]))
+            elif kind == "execute_result":
+                result = str(content["data"].get("text/plain"))
+            elif kind in ("display_data", "update_display_data"):
+                displays.append(str(content["data"].get("text/plain")))
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        reply = self._reply(msg_id)
+        status = "timeout" if interrupted else ("ok" if reply.get("status") == "ok" else "fail")
+        if status != "ok" and not error:
+            error = f"{reply.get('ename', '')}: {reply.get('evalue', '')}"
+        return Outcome(
+            status,
+            time.perf_counter() - start,
+            "".join(text for _, text in streams),
+            error,
+            {
+                "stdout": "".join(text for name, text in streams if name == "stdout"),
+                "stderr": "".join(text for name, text in streams if name == "stderr"),
+                "result": result,
+                "displays": displays,
+                "traceback": traceback,
+            },
+        )
+
+    def _reply(self, msg_id: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                reply = self.kc.get_shell_msg(timeout=1)
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    return dict(reply["content"])
+        return {"status": "unknown"}
+
+    def run(self, script: Path, timeout: float) -> tuple[Outcome, dict[str, str]]:
+        paths = {str(self.cwd): "<CWD>", str(self.ray_tmp): "<RAYTMP>", str(self.home): "<HOME>"}
+        try:
+            outcome = self.execute("%%remote --driver\n" + script.read_text(), timeout)
+        except (TimeoutError, RuntimeError) as exc:
+            outcome = Outcome("timeout" if isinstance(exc, TimeoutError) else "fail", timeout, "", str(exc))
+            self.restart(f"kernel restarted after {script.name}: {exc}")
+            return outcome, paths
+        self.reset(script.name, outcome)
+        return outcome, paths
+
+    def reset(self, name: str, outcome: Outcome) -> None:
+        """Stop what the script started; start the cluster again if it is gone."""
+        for _ in range(10):
+            try:
+                done = self.execute(self.RESET, timeout=180)
+            except (TimeoutError, RuntimeError) as exc:
+                self.restart(f"kernel restarted after {name}: reset: {exc}")
+                return
+            if done.status == "ok":
+                outcome.extra["reset"] = done.extra.get("result")
+                return
+            if "refused" in done.error or "running" in done.error:
+                time.sleep(2)  # the interrupted cell is still stopping
+                continue
+            break
+        outcome.extra["reset_error"] = done.error
+        with contextlib.suppress(Exception):
+            self.execute("%cluster down", timeout=120)
+        try:
+            self.setup()
+            self.restarts.append(f"cluster restarted after {name}: {done.error}")
+        except Exception as exc:
+            self.restart(f"kernel restarted after {name}: cluster could not restart: {exc}")
+        outcome.extra["restarted_after"] = True
+
+    def restart(self, why: str) -> None:
+        self.restarts.append(why)
+        with contextlib.suppress(Exception):
+            self.stop()
+        self.start()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Row:
+    name: str
+    skipped: str | None
+    python: Outcome
+    cell: Outcome
+    comparison: Comparison | None = None
+
+    def note(self) -> str:
+        if self.skipped:
+            return f"skipped: {self.skipped}"
+        if self.cell.status not in ("ok", "not run"):
+            return f"cell: {self.cell.error}"
+        if self.python.status not in ("ok", "not run"):
+            return f"python: {self.python.error}"
+        comp = self.comparison
+        if comp and comp.same != "yes":
+            if comp.only_python:
+                return f"-python: {comp.only_python[0]}"
+            if comp.only_cell:
+                return f"+cell: {comp.only_cell[0]}"
+            return "same lines, other counts"
+        return ""
+
+
+def short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def table(rows: list[Row]) -> str:
+    width = max([len("script"), *(len(r.name) for r in rows)])
+    out = [f"{'script':{width}s}  {'python':7s}  {'cell':7s}  {'same':4s}  note", "-" * (width + 34 + 60)]
+    for r in rows:
+        py = "skip" if r.skipped else r.python.status
+        cell = "skip" if r.skipped else r.cell.status
+        same = r.comparison.same if r.comparison else "-"
+        out.append(f"{r.name:{width}s}  {py:7s}  {cell:7s}  {same:4s}  {short(r.note(), 110)}")
+    return "\n".join(out)
+
+
+def headline(rows: list[Row]) -> str:
+    ran = [r for r in rows if not r.skipped]
+    py_ok = [r for r in ran if r.python.status == "ok"]
+    cell_ok = [r for r in py_ok if r.cell.status == "ok"]
+    same = [r for r in cell_ok if r.comparison and r.comparison.same == "yes"]
+    same_set = [r for r in cell_ok if r.comparison and r.comparison.same == "set"]
+
+    def pct(n: int) -> str:
+        return f"{100 * n / len(py_ok):.0f}%" if py_ok else "-"
+
+    return (
+        f"{len(rows)} scripts: {len(rows) - len(ran)} skipped, {len(ran)} run; {len(py_ok)} pass under python.\n"
+        f"Of those {len(py_ok)}: {len(cell_ok)} pass as --driver cells ({pct(len(cell_ok))}), "
+        f"{len(same)} of them with the same printed lines ({pct(len(same))}); "
+        f"{len(same_set)} more print the same distinct lines, counted differently."
+    )
+
+
+def git_head() -> str:
+    with contextlib.suppress(Exception):
+        here = Path(__file__).resolve().parent.parent
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    return "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scripts", type=Path, help="a folder of .py files (searched recursively); required")
+    parser.add_argument(
+        "--only",
+        help="run only scripts whose relative path contains this (wildcards allowed; several, comma-separated)",
+    )
+    parser.add_argument("--timeout", type=float, default=120, help="seconds per script, each way")
+    parser.add_argument("--json", type=Path, help="write every outcome here")
+    parser.add_argument("--sides", default="python,cell", help="python, cell or both (python,cell)")
+    parser.add_argument("--list", action="store_true", help="only list the scripts and what would be skipped")
+    parser.add_argument("--recompare", type=Path, help="compare again the outputs saved by an earlier --json")
+    args = parser.parse_args()
+    if args.recompare:
+        recompare(args.recompare, args.json)
+        return
+    if args.scripts is None:
+        parser.error("--scripts is required")
+    sides = {s.strip() for s in args.sides.split(",")}
+
+    folder = args.scripts.resolve()
+    scripts = find_scripts(folder, args.only)
+    if not scripts:
+        sys.exit(f"no .py files under {folder}" + (f" matching {args.only!r}" if args.only else ""))
+    rows: list[Row] = []
+    for path in scripts:
+        reason = skip_reason(path, path.read_text())
+        name = str(path.relative_to(folder))
+        rows.append(Row(name, reason, Outcome("not run"), Outcome("not run")))
+    if args.list:
+        for row in rows:
+            print(f"{row.name:55s} {'skip: ' + row.skipped if row.skipped else 'run'}")
+        return
+
+    by_name = {str(p.relative_to(folder)): p for p in scripts}
+    to_run = [r for r in rows if not r.skipped]
+    root = Path(tempfile.mkdtemp(prefix="rdb", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    python_paths: dict[str, dict[str, str]] = {}
+    cell_paths: dict[str, dict[str, str]] = {}
+    notebook: Notebook | None = None
+    started = time.time()
+    try:
+        if "python" in sides:
+            home = root / "home_python"
+            home.mkdir()
+            for i, row in enumerate(to_run, 1):
+                row.python, python_paths[row.name] = run_python(by_name[row.name], root, home, args.timeout)
+                print(
+                    f"[python {i}/{len(to_run)}] {row.name}: {row.python.status} {row.python.seconds:.1f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if "cell" in sides:
+            notebook = Notebook(root)
+            notebook.start()
+            for i, row in enumerate(to_run, 1):
+                row.cell, cell_paths[row.name] = notebook.run(by_name[row.name], args.timeout)
+                print(
+                    f"[cell {i}/{len(to_run)}] {row.name}: {row.cell.status} {row.cell.seconds:.1f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        if notebook is not None:
+            notebook.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    for row in to_run:
+        row.python.extra["paths"] = python_paths.get(row.name, {})
+        row.cell.extra["paths"] = cell_paths.get(row.name, {})
+    report(rows, notebook.restarts if notebook else [], args.json, args.timeout)
+    print(f"\n({time.time() - started:.0f} s)")
+
+
+def report(rows: list[Row], restarts: list[str], out: Path | None, timeout: float) -> None:
+    """Compare, print the table and the headline, and write ``out``."""
+    for row in rows:
+        if not row.skipped and row.python.status != "not run" and row.cell.status != "not run":
+            row.comparison = compare(
+                normalise(row.python.text, row.python.extra.get("paths", {})),
+                normalise(row.cell.text, row.cell.extra.get("paths", {})),
+            )
+    print(table(rows))
+    print()
+    print(headline(rows))
+    if restarts:
+        print("\nRestarts during the cell runs:\n  " + "\n  ".join(restarts))
+    print(f"\nRay {ray_version()}; jupyter_cluster at {git_head()}; timeout {timeout:g} s")
+    if out:
+        out.write_text(
+            json.dumps(
+                {
+                    "ray": ray_version(),
+                    "jupyter_cluster": git_head(),
+                    "timeout": timeout,
+                    "restarts": restarts,
+                    "rows": [
+                        {
+                            "name": r.name,
+                            "skipped": r.skipped,
+                            "python": asdict(r.python),
+                            "cell": asdict(r.cell),
+                            "comparison": asdict(r.comparison) if r.comparison else None,
+                            "note": r.note(),
+                        }
+                        for r in rows
+                    ],
+                },
+                indent=1,
+            )
+        )
+
+
+def recompare(saved: Path, out: Path | None) -> None:
+    """Compare again the outputs of an earlier ``--json`` (after changing the rules here)."""
+    data = json.loads(saved.read_text())
+    rows = [Row(r["name"], r["skipped"], Outcome(**r["python"]), Outcome(**r["cell"])) for r in data["rows"]]
+    report(rows, data.get("restarts", []), out, data.get("timeout", 0))
+
+
+def ray_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("ray")
+    except Exception:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()
