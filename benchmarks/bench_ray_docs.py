@@ -24,27 +24,35 @@ The python runs all come first, then the cells: never two of Ray's clusters busy
 
 A script **passes** under python if it exits 0; as a cell if its ``execute_reply`` is ``ok``.
 
-**Same printed lines.** What each way printed (python: stdout and stderr; cell: its ``stream``
-messages, stdout and stderr) is normalised into lines, and the two multisets compared:
+**Same printed lines.** What each way printed (python: stdout then stderr; cell: its ``stream``
+messages, stdout and stderr, in order) is normalised into lines, and the two multisets compared:
 
 1. ANSI colours are removed; ``\\r`` ends a line as ``\\n`` does; blank lines are dropped.
 2. Ray's own lines are dropped: its logger's (``2024-01-01 12:00:00,123<TAB>INFO worker.py:1 --``
    and ``WARNING``/``ERROR``/``DEBUG``), its C++ core's (``[2024-01-01 12:00:00,123 W 12 34] ...``),
    those of its own processes (``(raylet)``, ``(gcs_server)``, ``(autoscaler +3s)``, ...), its
    log-deduplication notice, Python warnings raised from inside Ray's own package (with the
-   source line that follows them), and progress bars (``45%|####``, ``it/s]``).
+   source line that follows them), progress bars (``45%|####``, ``it/s]``), and the reports
+   Python prints when a thread or a finaliser fails (``Exception in thread ...``, ``Exception
+   ignored in ...``, up to the exception's line), which Ray's workers print as they are killed.
 3. Ray's deduplicated worker lines, ``X [repeated 3x across cluster]``, count as 3 lines ``X``.
-4. Masked, in order: a worker line's prefix ``(name pid=123, ip=10.0.0.1)`` to ``(name)``;
-   ``File "<the script's path>"`` and the cell's ``File "<remote-cell-...>"`` to ``<SCRIPT>``;
-   the temporary folders and ``HOME``; Ray session folders; date-times and clock times;
-   ``ObjectRef(...)``/``ActorID(...)``-style ids, ``0x`` addresses, UUIDs and hex ids of 8+
-   characters; IP addresses (with a port); ``pid=123`` and ``pid 123``; durations (``1.5s``,
-   ``12 ms``); decimal numbers (timings, random estimates); percentages.
+4. Masked, in order: a worker line's prefix ``(name pid=123, ip=10.0.0.1)`` to ``(name)``; the
+   script's path (python) and ``<remote-cell-...>`` (cell) to ``<SCRIPT>``; the temporary
+   folders and ``HOME``; Ray session folders; date-times and clock times; ``ObjectRef(...)``-style
+   ids, ``0x`` addresses, UUIDs and hex ids of 8+ characters; IP addresses (with a port); Tune's
+   trial ids (``name_1a2b3_00000``); ``pid=123``, ``pid: 123`` and ``pid 123``; durations
+   (``1.5s``, ``12 ms``); decimal and scientific numbers (timings, random estimates);
+   percentages; on a line that says "time", every number.
+5. Tune's Unicode table borders become ASCII (``╭─┤│`` to ``+-+|``: Tune draws ASCII when
+   ``sys.stdout.encoding`` is not UTF-8), runs of spaces one space, and a line made only of
+   border characters ``<BORDER>`` (its width follows the numbers in the table).
 
 "yes": the two multisets are equal; "set": the same distinct lines, counted differently (timing:
 how often a loop polled, how many lines a worker got out before the process ended); "no"
-otherwise, and the first line one side has that the other lacks is shown. A cell's ``Out[]``
-value and the displays the notebook shows (not printed lines) are kept in ``--json`` only.
+otherwise, and the first line one side has that the other lacks is shown (``-python:`` a line
+only python printed, ``+cell:`` one only the cell printed). A cell's ``Out[]`` value and the
+displays the notebook shows (not printed lines) are kept in ``--json`` only. Lines that differ
+because the script prints random numbers (as integers) are not masked: they show as "no".
 
 **Skipped**, with the reason shown, by these rules on the source (first match wins): CUDA
 (``.cuda(``, ``device="cuda"``); NCCL/NIXL; NPU/Neuron accelerators; TensorFlow imports; Java/C++
@@ -141,7 +149,7 @@ PROGRESS = re.compile(r"\d+%\|[^|]*\||it/s\]|s/it\]")
 DEDUP_NOTICE = re.compile(r"\s*\(Ray deduplicates logs by default\..*$")
 REPEATED = re.compile(r"^(?P<line>.*?) \[repeated (?P<n>\d+)x across cluster\]\s*$")
 PREFIX = re.compile(r"^\((?P<name>.+?) pid=\d+(?:, ip=[\d.]+)?\)(?: |$)")
-IGNORED_START = re.compile(r"^Exception ignored in\b")
+IGNORED_START = re.compile(r"^(Exception ignored in|Exception in thread)\b")
 IGNORED_END = re.compile(r"^[A-Za-z_][\w.]*(Error|Exit|Exception|Interrupt)\b")
 BOXES = str.maketrans({c: "+" for c in "╭╮╰╯├┤┼┬┴"} | {"│": "|", "─": "-"})
 BORDER = re.compile(r"^[+|-][+| -]*$")
@@ -159,7 +167,7 @@ MASKS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{8,}\b"), "<HEX>"),
     (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"), "<IP>"),
     (re.compile(r"\b(\w+?)_[0-9a-f]{5}_\d{5}\b"), r"\1_<TRIAL>"),
-    (re.compile(r"\bpid[= ]\d+"), "pid=<PID>"),
+    (re.compile(r"\bpid(?:=|: | )\d+"), "pid=<PID>"),
     (re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:ms|us|µs|s|sec|secs|seconds|min|mins|minutes)\b"), "<DUR>"),
     (re.compile(r"(?<![\w.])-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+)"), "<NUM>"),
     (re.compile(r"\b\d+(?:\.\d+)?%"), "<PCT>"),
@@ -205,7 +213,7 @@ def normalise(text: str, paths: dict[str, str]) -> list[str]:
         for pattern, replacement in MASKS:
             line = pattern.sub(replacement, line)
         if TIME_WORD.search(line):
-            line = INTEGER.sub("<N>", line)
+            line = INTEGER.sub("<N>", line.replace("<NUM>", "<N>").replace("<DUR>", "<N>"))
         line = " ".join(line.translate(BOXES).split())
         if BORDER.match(line):
             line = "<BORDER>"
@@ -315,12 +323,18 @@ def run_python(script: Path, root: Path, home: Path, timeout: float) -> tuple[Ou
     left = kill_leftovers(f"RAY_TMPDIR={ray_tmp}", proc.pid)
     shutil.rmtree(work, ignore_errors=True)
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
-    last = [line for line in ANSI.sub("", stderr).splitlines() if line.strip()]
+    last = [
+        line
+        for line in ANSI.sub("", stderr).splitlines()
+        if line.strip() and not RAY_LOGGER.match(line) and not RAY_CORE.match(line)
+    ]
     outcome = Outcome(
         status,
         seconds,
         stdout + stderr,
-        "" if status == "ok" else (last[-1] if last else f"exit {proc.returncode}"),
+        {"ok": "", "timeout": f"timed out after {timeout:g} s"}.get(
+            status, last[-1] if last else f"exit {proc.returncode}"
+        ),
         {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr, "leftover_processes": left},
     )
     paths = {str(cwd / script.name): "<SCRIPT>", str(ray_tmp): "<RAYTMP>", str(cwd): "<CWD>", str(home): "<HOME>"}
@@ -413,6 +427,8 @@ class Notebook:
         status = "timeout" if interrupted else ("ok" if reply.get("status") == "ok" else "fail")
         if status != "ok" and not error:
             error = f"{reply.get('ename', '')}: {reply.get('evalue', '')}"
+        if interrupted:
+            error = f"timed out after {timeout:g} s, interrupted ({error})"
         return Outcome(
             status,
             time.perf_counter() - start,
@@ -584,6 +600,7 @@ def main() -> None:
             print(f"{row.name:55s} {'skip: ' + row.skipped if row.skipped else 'run'}")
         return
 
+    print(f"jupyter_cluster at {git_head()} at the start", file=sys.stderr, flush=True)
     by_name = {str(p.relative_to(folder)): p for p in scripts}
     to_run = [r for r in rows if not r.skipped]
     root = Path(tempfile.mkdtemp(prefix="rdb", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import faulthandler
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ._importing import import_ray, lean_pythonpath
@@ -148,6 +151,9 @@ def init_ray(args: argparse.Namespace) -> None:
         )
         if dashboard:
             kwargs["dashboard_host"] = "127.0.0.1"
+        temp = own_temp_dir(args.socket)
+        if temp is not None:
+            kwargs["_temp_dir"] = temp
         if args.object_store_memory:
             kwargs["object_store_memory"] = args.object_store_memory
         # Ray's figures every 2 s, not every 5 to 10: the status card and the dashboard then say what a cell just
@@ -178,6 +184,10 @@ def init_ray(args: argparse.Namespace) -> None:
     if args.local and node is not None and node.address_info.get("webui_url"):
         TOOLS["dashboard"] = f"http://{node.address_info['webui_url']}"
     TOOLS["gcs"] = ray.get_runtime_context().gcs_address
+    if args.local and kwargs.get("_temp_dir"):
+        # Where Ray's job supervisor looks for its cluster's address (it takes "auto": any GCS of the machine
+        # otherwise, and another notebook's cluster's, if it came first, ran the job): as `ray start` records it.
+        ray._private.utils.write_ray_address(TOOLS["gcs"], kwargs["_temp_dir"])
     TOOLS["auth"] = os.environ.get("RAY_AUTH_MODE", "disabled").lower()  # ray.init set "token" for a new cluster
     # Ray prints its workers' lines to the driver's stdout, which is the agent's announcement to the
     # kernel: the agent routes them itself (see ._logs), from before the first worker writes.
@@ -242,7 +252,8 @@ def _init_local(ray: Any, kwargs: dict[str, Any]) -> None:
     os.environ.setdefault("RUNTIME_ENV_RETRY_TIMES", "1")
     for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
         try:
-            ray.init(**kwargs)
+            with _own_agent_port(kwargs.get("include_dashboard")):
+                ray.init(**kwargs)
             return
         except Exception as exc:
             if attempt == LOCAL_START_ATTEMPTS or "timed out during startup" not in str(exc):
@@ -254,6 +265,49 @@ def _init_local(ray: Any, kwargs: dict[str, Any]) -> None:
                 except OSError:
                     pass
             time.sleep(2)
+
+
+#: The longest temp folder Ray's Unix sockets fit under (a socket's path holds 107 bytes; Ray adds a session's
+#: folder, ``/session_2026-01-01_00-00-00_000000_1234567/sockets/plasma_store``, up to 64).
+TEMP_DIR_LONGEST = 42
+
+
+def own_temp_dir(socket_path: str) -> str | None:
+    """The embedded cluster's own Ray temp folder, in the agent's 0700 folder (gone with it): its sessions, logs,
+    sockets and spilled objects are its own, not in the ``/tmp/ray`` that every Ray of the machine shares. None
+    where that folder's path is too long for Ray's sockets (Ray's default is kept)."""
+    temp = os.path.join(os.path.dirname(os.path.abspath(socket_path)), "ray")
+    return temp if len(temp) <= TEMP_DIR_LONGEST else None
+
+
+@contextlib.contextmanager
+def _own_agent_port(dashboard: bool | None) -> Iterator[None]:
+    """A free port, not Ray's fixed 52365, for the node's dashboard agent's HTTP server, while ``ray.init`` starts.
+
+    Ray's dashboard sends a submitted job to the agent at the port its node reports; two clusters on one machine
+    (two notebooks) both reported 52365, which only one of their agents could bind, and a job sent to the other
+    one's agent ran under a driver that the cluster did not accept (seen here: "Authentication token is missing
+    or incorrect", for minutes). ``ray start`` takes ``--dashboard-agent-listen-port``; ``ray.init`` does not,
+    so its node parameters get it here."""
+    if not dashboard:
+        yield
+        return
+    from ray._private import parameter
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    original = parameter.RayParams.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("dashboard_agent_listen_port", port)
+        original(self, *args, **kwargs)
+
+    parameter.RayParams.__init__ = __init__  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        parameter.RayParams.__init__ = original  # type: ignore[method-assign]
 
 
 def start_workers(count: int) -> list[Any]:
