@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._importing import import_ray, lean_pythonpath
-from ._reaper import Reaper, descendants
+from ._reaper import Reaper, descendants, end, started_here
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -665,4 +665,9 @@ def main(argv: list[str] | None = None) -> None:
         from ._raycode import original_shutdown
 
         original_shutdown()()
+        # What Ray's stop left (a module process of its dashboard, started anew while it stopped) goes too.
+        left = started_here()
+        if left:
+            log.info("ending %d process(es) Ray's shutdown left: %s", len(left), left)
+            end(left)
     sys.exit(0)

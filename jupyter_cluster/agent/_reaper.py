@@ -28,14 +28,13 @@ PARENT_GRACE = 3.0
 SIGTERM_GRACE = 8.0
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, their children...), read from /proc in one pass; empty where
-    there is no /proc. Taken whole before anything is killed: a killed parent's children move to init."""
-    children: dict[int, list[int]] = {}
+def _processes() -> dict[int, tuple[int, int]]:
+    """Every process's parent and session id, read from /proc in one pass; empty where there is no /proc."""
+    found: dict[int, tuple[int, int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return found
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -46,8 +45,17 @@ def descendants(pid: int) -> list[int]:
             continue
         # The command name (2nd field) is in parentheses and may hold spaces: the fields after its last ")".
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
+        if len(fields) > 3:
+            found[int(entry)] = (int(fields[1]), int(fields[3]))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children...), read from /proc in one pass; empty where
+    there is no /proc. Taken whole before anything is killed: a killed parent's children move to init."""
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in _processes().items():
+        children.setdefault(parent, []).append(child)
     found: list[int] = []
     todo = [pid]
     while todo:
@@ -55,6 +63,27 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def started_here() -> list[int]:
+    """The processes this one started that live: its descendants, and, where it leads a session of its own (the
+    kernel and the SSH boot start the agent so), the rest of that session: a child whose parent died meanwhile
+    (a forkserver that Ray's dashboard started anew while it stopped) is init's then, but still of the session."""
+    me = os.getpid()
+    found = set(descendants(me))
+    if os.getsid(0) == me:
+        found.update(pid for pid, (_, session) in _processes().items() if session == me and pid != me)
+    return sorted(found)
+
+
+def end(pids: list[int]) -> None:
+    """Stop every process of ``pids`` (none can fork after), then kill them."""
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
 
 
 class Reaper:
@@ -110,14 +139,10 @@ class Reaper:
 
     def kill(self) -> None:
         """SIGKILL every descendant (taken whole first), then exit at once."""
-        pids = descendants(os.getpid())
+        pids = started_here()
         log.warning(
             "%s, and the agent did not stop in time: killing %d process(es) it started", self._reason, len(pids)
         )
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        end(pids)
         logging.shutdown()
         os._exit(0)
