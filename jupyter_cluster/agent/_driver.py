@@ -10,12 +10,18 @@ where an interrupt reaches it (:mod:`._interrupt`); one that ignores it is given
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
+import shutil
+import sys
+import tempfile
+import types
 from typing import Any
 
 import ray
 
-from ._execute import CellOutcome, CellOutput, fresh_namespace
+from ._execute import CellOutcome, CellOutput, cell_filename, fresh_namespace
 from ._objects import Deferred
 from ._remote import node_ip, run_cell_in
 from ._running import CANCEL_GRACE, CellHost, Emit, RunningCell, interrupted
@@ -28,8 +34,17 @@ class DriverCells:
 
     def __init__(self, runner: CellHost) -> None:
         self.runner = runner
-        self.namespace = fresh_namespace()
-        self.namespace["ray"] = ray
+        # The namespace is the dict of the module `__main__` names from here on, as a script's is: what pickles
+        # by reference (multiprocessing's pool and its functions, pickle itself) finds `__main__.f` of a cell.
+        module = types.ModuleType("__main__", "The notebook's --driver cells")
+        self.namespace = module.__dict__
+        self.namespace.update(fresh_namespace(), ray=ray)
+        sys.modules["__main__"] = module
+        #: Where each driver cell's source is written, as `__main__.__file__` while it runs: a process that
+        #: multiprocessing spawns runs the file of `__main__` again (a script's `if __name__ == "__main__":`
+        #: guards its start), as it runs the script under `python`.
+        self.files = tempfile.mkdtemp(prefix="jupyter-cluster-driver-")
+        atexit.register(shutil.rmtree, self.files, True)
 
     async def run(self, cell: RunningCell, request: dict[str, Any]) -> dict[str, Any]:
         runner, spec, loop = self.runner, cell.spec, self.runner.loop
@@ -39,7 +54,13 @@ class DriverCells:
         def sink(index: int, batch: list[tuple[str, Any]]) -> None:
             loop.call_soon_threadsafe(cell.emit, "stream", batch)
 
+        script = os.path.join(self.files, cell_filename(spec.source).strip("<>") + ".py")
+
         def run() -> tuple[CellOutcome, list[Any]]:
+            if not os.path.exists(script):
+                with open(script, "w") as f:
+                    f.write(spec.source)
+            self.namespace["__file__"] = script
             if spec.announce:
                 loop.call_soon_threadsafe(cell.emit, "running", {"node": node_ip(), "items": 1})
             values = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
