@@ -564,7 +564,7 @@ def forwards(cluster: Cluster | None) -> list[dict[str, str]]:
     from ._connect import DASHBOARD_PORT
 
     found = []
-    if cluster.dashboard_url:
+    if cluster.dashboard_url and cluster.kind != "embedded local":  # the embedded cluster's own is no forward
         found.append({"name": "Ray dashboard", "local": cluster.dashboard_url, "remote": f"head:{DASHBOARD_PORT}"})
     for forward in cluster.forwards:
         remote = f"{forward.where}:{forward.remote_port}"

@@ -82,7 +82,7 @@ def test_agent_death_is_a_clear_error_and_local_starts_afresh(shell: Any, cluste
     time.sleep(0.5)
     assert cluster._agent is not None
     cluster._agent.process.kill()
-    with pytest.raises(jc.AgentLostError, match="embedded agent process exited"):
+    with pytest.raises(jc.AgentLostError, match=r"the embedded agent died: killed \(SIGKILL\)"):
         cell.result(30)
     res = remote(shell, "y = precious")
     # With the old agent gone, the next cell starts a new embedded cluster and works.

@@ -184,6 +184,9 @@ def init_ray(args: argparse.Namespace) -> None:
     if args.local and node is not None and node.address_info.get("webui_url"):
         TOOLS["dashboard"] = f"http://{node.address_info['webui_url']}"
     TOOLS["gcs"] = ray.get_runtime_context().gcs_address
+    # What in this process asks Ray for "auto" (the state API, a job client in a driver cell, `ray status` run
+    # from one) finds this cluster, not whichever else runs on the machine.
+    os.environ["RAY_ADDRESS"] = TOOLS["gcs"]
     if args.local and kwargs.get("_temp_dir"):
         # Where Ray's job supervisor looks for its cluster's address (it takes "auto": any GCS of the machine
         # otherwise, and another notebook's cluster's, if it came first, ran the job): as `ray start` records it.
