@@ -24,8 +24,8 @@ pytestmark = pytest.mark.timeout(300)
 
 #: A traceback line for a cell's code, then the line of source a traceback shows under it.
 CELL_FRAME = re.compile(r'File "<remote-cell-[0-9a-f]+>", line \d+, in \S+\n(.*)\n')
-#: Ray's prefix of what a worker prints: "(task pid=8684, ip=192.0.2.2) ".
-RAY_PREFIX = re.compile(r"^\(\S+ pid=\d+, ip=[^)]*\) ", re.MULTILINE)
+#: Ray's prefix of what a worker prints: "(task pid=8684) " (on the notebook's machine), "(task pid=8684, ip=…) ".
+RAY_PREFIX = re.compile(r"^\(\S+ pid=\d+(, ip=[^)]*)?\) ", re.MULTILINE)
 
 
 def source_lines(shown: str) -> set[str]:

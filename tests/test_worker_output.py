@@ -22,7 +22,8 @@ from .kernel import attach_second, text
 
 pytestmark = pytest.mark.timeout(300)
 
-PREFIX = r"\((?P<name>[\w.]+) pid=(?P<pid>\d+), ip=(?P<ip>[\d.]+)\) "
+#: Ray's prefix: the embedded cluster's workers are on the notebook's machine, where Ray prints no ip (as here).
+PREFIX = r"\((?P<name>[\w.]+) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[\d.]+))?\) "
 
 
 def lines_matching(out: str, pattern: str) -> list[re.Match[str]]:

@@ -626,13 +626,24 @@ def ray_note(count: int) -> dict[str, str]:
     return {"text/plain": text, "text/html": f'<div class="jc-ray-note" style="color:#888;font-size:85%">{text}</div>'}
 
 
+#: Whether the notebook runs on the driver's machine (the embedded cluster): then, as Ray prints them to a
+#: driver, the lines of the workers on that machine have no ip in their prefix.
+NOTEBOOK_ON_HEAD = False
+
+
 def _prefix(data: dict[str, Any]) -> str:
-    """Ray's prefix of a worker's line: ``(name pid=…, ip=…)`` (the notebook is not on the head: the ip always)."""
+    """Ray's prefix of a worker's line: ``(name pid=…, ip=…)``; ``(name pid=…)`` for a worker of the driver's own
+    machine where the notebook runs there too, as Ray prints it (on an SSH head the notebook is elsewhere: the ip
+    always)."""
     pid = data.get("pid")
+    ip = data.get("ip")
+    if NOTEBOOK_ON_HEAD and ip is not None and ip == data.get("localhost"):
+        ip = None
     if pid in ("raylet", "autoscaler"):
-        return f"({pid}, ip={data['ip']}) " if data.get("ip") else f"({pid}) "
+        return f"({pid}, ip={ip}) " if ip else f"({pid}) "
     name = data.get("actor_name") or data.get("task_name") or ""
-    return f"({name + ' ' if name else ''}pid={pid}, ip={data.get('ip')}) "
+    where = f", ip={ip}" if ip else ""
+    return f"({name + ' ' if name else ''}pid={pid}{where}) "
 
 
 class DriverCellLogs(logging.Handler):

@@ -547,6 +547,7 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     runner.synced = SyncedFolders(os.path.join(os.path.dirname(os.path.abspath(args.socket)), "synced"), runner.envs)
 
     _progress.install(loop, runner.driver_cell_emit)
+    _logs.NOTEBOOK_ON_HEAD = args.local
     runner.lines = _logs.install(loop, runner.cell_emit)
     server = AgentServer(args.socket, secret, {})
     sampler = MetricsSampler(loop)
