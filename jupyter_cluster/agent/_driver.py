@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 
+from . import _cellsource
 from ._execute import CellOutcome, CellOutput, cell_filename, fresh_namespace
 from ._objects import Deferred
 from ._remote import node_ip, run_cell_in
@@ -61,6 +62,8 @@ class DriverCells:
                 with open(script, "w") as f:
                     f.write(spec.source)
             self.namespace["__file__"] = script
+            # Before the code runs, which may start tasks at once that print a traceback through it (._cellsource).
+            _cellsource.publish(cell_filename(spec.source), spec.source)
             if spec.announce:
                 loop.call_soon_threadsafe(cell.emit, "running", {"node": node_ip(), "items": 1})
             values = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
