@@ -194,6 +194,30 @@ def test_a_script_ends_as_under_python(kernel: Kernel) -> None:
     assert text(ok(kernel, "%%remote --driver\nprint(next(stream))")) == "1\n"
 
 
+def test_child_processes_of_a_script_run_and_print_as_under_python(kernel: Kernel) -> None:
+    """A pool spawned by multiprocessing runs the script's file again (its functions are found by name in
+    ``__main__``), a forked one finds them too; what the children and ``subprocess`` print shows in the cell."""
+    messages = ok(
+        kernel,
+        "%%remote --driver\n"
+        "import multiprocessing, subprocess, sys\n"
+        "def square(x):\n"
+        "    print('child squares', x, flush=True)\n"
+        "    return x * x\n"
+        "def main():\n"
+        "    for method in ('spawn', 'fork'):\n"
+        "        with multiprocessing.get_context(method).Pool(2) as pool:\n"
+        "            print(method, pool.map(square, [2, 3]))\n"
+        "    subprocess.run([sys.executable, '-c', 'print(\"from a subprocess\")'], check=True)\n"
+        "if __name__ == '__main__':\n"
+        "    main()",
+        timeout=180,
+    )
+    shown = text(messages, "stdout").splitlines()
+    assert "spawn [4, 9]" in shown and "fork [4, 9]" in shown and "from a subprocess" in shown, shown
+    assert shown.count("child squares 2") == 2 and shown.count("child squares 3") == 2, shown
+
+
 def test_nothing_of_ray_or_the_agent_is_left_after_down(kernel: Kernel) -> None:
     ok(kernel, "%%remote --driver\nray.shutdown()\nray.init()\nprint(ray.get(ray.put(1)))")
     agent = int(text(ok(kernel, "import jupyter_cluster as jc\nprint(jc.current()._agent.process.pid)")))

@@ -23,6 +23,7 @@ import ray
 
 from . import _cellsource
 from ._execute import CellOutcome, CellOutput, cell_filename, fresh_namespace
+from ._fdout import PROCESS_OUTPUT
 from ._objects import Deferred
 from ._remote import node_ip, run_cell_in
 from ._running import CANCEL_GRACE, CellHost, Emit, RunningCell, interrupted
@@ -67,7 +68,13 @@ class DriverCells:
             if spec.announce:
                 loop.call_soon_threadsafe(cell.emit, "running", {"node": node_ip(), "items": 1})
             values = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
-            return run_cell_in(spec, self.namespace, values, CellOutput(sink))
+            # What the cell's child processes and C code write to the agent's descriptors comes to it (._fdout).
+            output = CellOutput(sink, before_close=PROCESS_OUTPUT.settle)
+            PROCESS_OUTPUT.target = output
+            try:
+                return run_cell_in(spec, self.namespace, values, output)
+            finally:
+                PROCESS_OUTPUT.target = None
 
         runner.started(cell, request, {"mode": "driver"})
         cell.job = runner.driver.submit(cell.cell_id, run)

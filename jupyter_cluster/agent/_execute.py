@@ -223,9 +223,14 @@ class CellStream(io.TextIOBase):
     def __init__(self, output: CellOutput, name: str) -> None:
         self._output = output
         self.name = name
+        self._pid = os.getpid()
 
     def write(self, text: str) -> int:
-        if text:
+        if text and os.getpid() != self._pid:
+            # A forked child (a multiprocessing pool) has this stream but not the thread that sends its batches:
+            # its lines go to its descriptor, which the agent reads for the running driver cell (._fdout).
+            os.write(1 if self.name == "stdout" else 2, text.encode(errors="replace"))
+        elif text:
             self._output.add(self.name, text)
         return len(text)
 
@@ -242,9 +247,12 @@ class CellStream(io.TextIOBase):
 class CellOutput:
     """Collects a cell's stdout, stderr and displays, and sends them in batches."""
 
-    def __init__(self, sink: Sink, interval: float = 0.05) -> None:
+    def __init__(self, sink: Sink, interval: float = 0.05, before_close: Callable[[], None] | None = None) -> None:
         self._sink = sink
         self._interval = interval
+        #: Called as the output closes, before its last batch (the driver's descriptors read to their end).
+        self._before_close = before_close
+        self.closed = False
         self._lock = threading.Lock()
         self._pending: list[tuple[str, Any]] = []
         self._last_send = 0.0
@@ -278,8 +286,20 @@ class CellOutput:
             self._sink(self.sends, batch)
             self.sends += 1
 
+    def add_open(self, kind: str, data: Any) -> bool:
+        """:meth:`add`, unless the output is closed (its batches are counted): then False."""
+        with self._lock:
+            if self.closed:
+                return False
+        self.add(kind, data)
+        return True
+
     def close(self) -> None:
+        if self._before_close is not None:
+            self._before_close()
         self.flush()
+        with self._lock:
+            self.closed = True
 
 
 def mime_bundle(obj: Any) -> dict[str, Any]:

@@ -559,6 +559,9 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
 
     log.info("serving on %s", args.socket)
     announce({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__, **TOOLS})
+    from ._fdout import PROCESS_OUTPUT
+
+    PROCESS_OUTPUT.install()  # from now on, what a driver cell's child processes print goes to the cell
     watcher = asyncio.ensure_future(watch(server, args))
     await server.stopped.wait()
     runner.close()
