@@ -272,14 +272,25 @@ class CellOutput:
                 self._timer.daemon = True
                 self._timer.start()
         if due:
-            self.flush()
+            self.flush(whole=False)
 
-    def flush(self) -> None:
+    def flush(self, whole: bool = True) -> None:
+        """Send what is pending; ``whole=False``: all but a last partial line, which waits for its end (or the
+        timer): a worker's line, which reaches the notebook by another way, must not land inside it."""
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             batch, self._pending = self._pending, []
+            if not whole and batch and batch[-1][0] != "display" and not batch[-1][1].endswith("\n"):
+                kind, text = batch.pop()
+                cut = text.rfind("\n") + 1
+                if cut:
+                    batch.append((kind, text[:cut]))
+                self._pending = [(kind, text[cut:])]
+                self._timer = threading.Timer(self._interval, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
             if not batch:
                 return
             self._last_send = time.monotonic()
