@@ -80,7 +80,9 @@ MARKS = {
 
 
 def _run(code: str, cpus: int, items: int, lean: bool = False) -> dict[str, Any]:
-    env = dict(os.environ)
+    # Like for like: raw Ray starts without its dashboard here, so the embedded cluster does too (what the dashboard
+    # costs is bench_ray_tools.py's).
+    env = {**os.environ, "JUPYTER_CLUSTER_RAY_DASHBOARD": "0"}
     if lean:  # the embedded cluster's sitecustomize first (see the module's docstring)
         env["PYTHONPATH"] = lean_pythonpath(env.get("PYTHONPATH"))
     done = subprocess.run(
