@@ -146,8 +146,13 @@ def init_ray(args: argparse.Namespace) -> None:
         # Ray's own tools (its dashboard, the state API, `ray job`), as a plain ray.init() offers them, where the box
         # has room; on loopback only, behind Ray's token (ray.init turns token authentication on for a new cluster).
         dashboard = dashboard_fits(memory_limit())
+        # None, not True: Ray starts its dashboard then, and goes on without it should it not come up in time (a
+        # busy machine), where True fails the cluster's start.
         kwargs.update(
-            address="local", num_cpus=_count(args.num_cpus), num_gpus=_count(args.num_gpus), include_dashboard=dashboard
+            address="local",
+            num_cpus=_count(args.num_cpus),
+            num_gpus=_count(args.num_gpus),
+            include_dashboard=None if dashboard else False,
         )
         if dashboard:
             kwargs["dashboard_host"] = "127.0.0.1"
@@ -255,7 +260,7 @@ def _init_local(ray: Any, kwargs: dict[str, Any]) -> None:
     os.environ.setdefault("RUNTIME_ENV_RETRY_TIMES", "1")
     for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
         try:
-            with _own_agent_port(kwargs.get("include_dashboard")):
+            with _own_agent_port(kwargs.get("include_dashboard") is not False):
                 ray.init(**kwargs)
             return
         except Exception as exc:
