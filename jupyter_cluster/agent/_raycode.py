@@ -91,6 +91,10 @@ class ScriptDriver:
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
+        # What a script reaches as `ray._private.internal_api` after its own ray.init (which imports Ray Data's
+        # and the dashboard's modules, which import it), as Ray's documentation does.
+        import ray._private.internal_api
+
         ray.init = self.init
         ray.shutdown = self.shutdown
         os._exit = self._exit  # type: ignore[assignment]
