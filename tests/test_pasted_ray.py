@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_cluster.agent._reaper import descendants
+
 from .kernel import Kernel, error_text, text
 from .test_lifetime import SESSION, _alive, _cmdline, _of_session
 
@@ -196,7 +198,9 @@ def test_a_script_ends_as_under_python(kernel: Kernel) -> None:
 
 def test_child_processes_of_a_script_run_and_print_as_under_python(kernel: Kernel) -> None:
     """A pool spawned by multiprocessing runs the script's file again (its functions are found by name in
-    ``__main__``), a forked one finds them too; what the children and ``subprocess`` print shows in the cell."""
+    ``__main__``); what the children and ``subprocess`` print shows in the cell. (Not a forked pool: forking a
+    Ray driver, whose threads hold locks, is what Ray's documentation warns against, and it hangs now and then
+    under ``python`` as here.)"""
     messages = ok(
         kernel,
         "%%remote --driver\n"
@@ -205,17 +209,16 @@ def test_child_processes_of_a_script_run_and_print_as_under_python(kernel: Kerne
         "    print('child squares', x, flush=True)\n"
         "    return x * x\n"
         "def main():\n"
-        "    for method in ('spawn', 'fork'):\n"
-        "        with multiprocessing.get_context(method).Pool(2) as pool:\n"
-        "            print(method, pool.map(square, [2, 3]))\n"
+        "    with multiprocessing.get_context('spawn').Pool(2) as pool:\n"
+        "        print('spawn', pool.map(square, [2, 3]))\n"
         "    subprocess.run([sys.executable, '-c', 'print(\"from a subprocess\")'], check=True)\n"
         "if __name__ == '__main__':\n"
         "    main()",
         timeout=180,
     )
     shown = text(messages, "stdout").splitlines()
-    assert "spawn [4, 9]" in shown and "fork [4, 9]" in shown and "from a subprocess" in shown, shown
-    assert shown.count("child squares 2") == 2 and shown.count("child squares 3") == 2, shown
+    assert "spawn [4, 9]" in shown and "from a subprocess" in shown, shown
+    assert shown.count("child squares 2") == 1 and shown.count("child squares 3") == 1, shown
 
 
 def test_nothing_of_ray_or_the_agent_is_left_after_down(kernel: Kernel) -> None:
@@ -225,9 +228,13 @@ def test_nothing_of_ray_or_the_agent_is_left_after_down(kernel: Kernel) -> None:
     sessions = {m.group(0) for pid in ray_processes if (m := SESSION.search(_cmdline(pid))) and _below(pid, agent)}
     assert len(sessions) == 1, sessions
     (session,) = sessions
+    started = descendants(agent)  # Ray's GCS, raylet, dashboard and its module processes, agents, workers
+    assert len(started) > 5, started
     ok(kernel, "%cluster down")
     assert not _alive(agent)
     assert not _of_session(session), "\n".join(_of_session(session))
+    left = [f"{pid}: {_cmdline(pid)[:120]}" for pid in started if _alive(pid)]
+    assert not left, "\n".join(left)
     ok(kernel, "%cluster local --cpus 1")
 
 

@@ -224,12 +224,18 @@ class CellStream(io.TextIOBase):
         self._output = output
         self.name = name
         self._pid = os.getpid()
+        self._forked = ""  # a forked child's partial line
 
     def write(self, text: str) -> int:
         if text and os.getpid() != self._pid:
             # A forked child (a multiprocessing pool) has this stream but not the thread that sends its batches:
-            # its lines go to its descriptor, which the agent reads for the running driver cell (._fdout).
-            os.write(1 if self.name == "stdout" else 2, text.encode(errors="replace"))
+            # its lines go to its descriptor, which the agent reads for the running driver cell (._fdout), a line
+            # a write, as a buffered stream writes them (children writing at once must not mix their lines).
+            self._forked += text
+            cut = self._forked.rfind("\n") + 1
+            if cut:
+                line, self._forked = self._forked[:cut], self._forked[cut:]
+                os.write(1 if self.name == "stdout" else 2, line.encode(errors="replace"))
         elif text:
             self._output.add(self.name, text)
         return len(text)
@@ -238,6 +244,11 @@ class CellStream(io.TextIOBase):
         return True
 
     def flush(self) -> None:
+        if os.getpid() != self._pid:
+            if self._forked:
+                line, self._forked = self._forked, ""
+                os.write(1 if self.name == "stdout" else 2, line.encode(errors="replace"))
+            return
         self._output.flush()
 
     def isatty(self) -> bool:
