@@ -25,7 +25,6 @@ import logging
 import os
 import sys
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -83,10 +82,9 @@ class ScriptDriver:
         self.pid = os.getpid()
         self._signature = inspect.signature(self.original_init)
         self._lock = threading.Lock()
-        #: What driver cells started that a script's driver takes with it: named actors by (name, namespace),
-        #: unnamed ones by a weak reference (an unnamed actor ends with its last handle, as under ``python``).
-        self._named: set[tuple[str, str]] = set()
-        self._unnamed: list[weakref.ref[Any]] = []
+        #: What driver cells started that a script's driver takes with it: its actors, by id (an actor busy in a
+        #: method outlives its last handle, which a script's end does not), and its placement groups.
+        self._actors: list[Any] = []
         self._groups: list[Any] = []
 
     # ------------------------------------------------------------------ installing
@@ -138,17 +136,10 @@ class ScriptDriver:
     def _started_actor(self, handle: Any, options: dict[str, Any]) -> None:
         if options.get("lifetime") == "detached" or options.get("get_if_exists"):
             return  # it outlives a script's driver; one found, not made, is not this script's
-        with self._lock:
-            name = options.get("name")
-            if name:
-                namespace = options.get("namespace") or ray.get_runtime_context().namespace
-                self._named.add((str(name), str(namespace)))
-            else:
-                try:
-                    self._unnamed.append(weakref.ref(handle))
-                except TypeError:
-                    pass
-                self._unnamed = [r for r in self._unnamed if r() is not None]
+        actor_id = getattr(handle, "_ray_actor_id", None)
+        if actor_id is not None:
+            with self._lock:
+                self._actors.append(actor_id)
 
     # ------------------------------------------------------------------ ray.init
     def init(self, *args: Any, **kwargs: Any) -> Any:
@@ -231,22 +222,9 @@ class ScriptDriver:
         """``ray.shutdown`` in the agent: stop what driver cells started that a script's driver takes with it."""
         self._signature_of_shutdown().bind(*args, **kwargs)
         with self._lock:
-            named, self._named = self._named, set()
-            unnamed, self._unnamed = [r() for r in self._unnamed], []
+            actors, self._actors = self._actors, []
             groups, self._groups = self._groups, []
-        for name, namespace in sorted(named):
-            try:
-                ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
-            except ValueError:  # gone already
-                pass
-            except Exception:
-                log.warning("ray.shutdown() in a driver cell could not stop actor %s", name, exc_info=True)
-        for handle in unnamed:
-            if handle is not None:
-                try:
-                    ray.kill(handle, no_restart=True)
-                except Exception:
-                    log.debug("ray.shutdown() in a driver cell: an actor was gone already", exc_info=True)
+        kill_actors(actors)
         for group in groups:
             try:
                 ray.util.remove_placement_group(group)
@@ -268,6 +246,18 @@ class ScriptDriver:
 _ASKED = frozenset(
     {"num_cpus", "num_gpus", "resources", "object_store_memory", "runtime_env", "namespace", "local_mode"}
 )
+
+
+def kill_actors(actor_ids: list[Any]) -> None:
+    """``ray.kill`` of each actor, by id: whether or not a handle to it is left (an actor whose last handle went
+    while a method of it runs would run on)."""
+    from ray._private import worker
+
+    for actor_id in actor_ids:
+        try:
+            worker.global_worker.core_worker.kill_actor(actor_id, True)  # type: ignore[attr-defined]
+        except Exception:  # gone already
+            log.debug("an actor to stop was gone already", exc_info=True)
 
 
 def _cluster_resources() -> dict[str, float]:
@@ -298,4 +288,4 @@ def original_shutdown() -> Callable[..., None]:
     return worker.shutdown
 
 
-__all__ = ["HARMLESS", "DriverExit", "ScriptDriver", "original_shutdown"]
+__all__ = ["HARMLESS", "DriverExit", "ScriptDriver", "kill_actors", "original_shutdown"]
