@@ -346,6 +346,17 @@ class Notebook:
 
     SETUP = "%load_ext jupyter_cluster\n%cluster local --cpus 2"
     RESET = "import jupyter_cluster as _bench_jc\n_bench_jc.current().reset_driver()"
+    FREE_WAIT = 15
+    FREE = (
+        "%%remote --driver\n"
+        "import time as _t, ray as _r\n"
+        f"for _i in range({FREE_WAIT * 2}):\n"
+        "    _free, _total = _r.available_resources().get('CPU', 0), _r.cluster_resources().get('CPU', 0)\n"
+        "    if _free >= _total:\n"
+        "        break\n"
+        "    _t.sleep(0.5)\n"
+        "print('BENCH_FREE', _free, _total)"
+    )
 
     def __init__(self, root: Path) -> None:
         self.home = root / "home_cell"
@@ -464,29 +475,38 @@ class Notebook:
         return outcome, paths
 
     def reset(self, name: str, outcome: Outcome) -> None:
-        """Stop what the script started; start the cluster again if it is gone."""
+        """Stop what the script started; then, unless all the cluster's CPUs are free again within
+        :attr:`FREE_WAIT` seconds (or the cluster is gone), start the cluster again."""
+        why = ""
         for _ in range(10):
             try:
                 done = self.execute(self.RESET, timeout=180)
             except (TimeoutError, RuntimeError) as exc:
                 self.restart(f"kernel restarted after {name}: reset: {exc}")
+                outcome.extra["restarted_after"] = "kernel"
                 return
-            if done.status == "ok":
-                outcome.extra["reset"] = done.extra.get("result")
+            if done.status == "ok" or not ("refused" in done.error or "running" in done.error):
+                break
+            time.sleep(2)  # the interrupted cell is still stopping
+        outcome.extra["reset"] = done.extra.get("result") if done.status == "ok" else done.error
+        if done.status == "ok":
+            check = self.execute(self.FREE, timeout=self.FREE_WAIT + 60)
+            found = re.search(r"BENCH_FREE (\S+) (\S+)", check.text)
+            if found and float(found[1]) >= float(found[2]):
                 return
-            if "refused" in done.error or "running" in done.error:
-                time.sleep(2)  # the interrupted cell is still stopping
-                continue
-            break
-        outcome.extra["reset_error"] = done.error
+            why = f"{found[1]} of {found[2]} CPUs free" if found else f"CPU check failed: {check.error}"
+            why += f" {self.FREE_WAIT} s after reset_driver()"
+        else:
+            why = f"reset_driver() failed: {done.error}"
         with contextlib.suppress(Exception):
             self.execute("%cluster down", timeout=120)
         try:
             self.setup()
-            self.restarts.append(f"cluster restarted after {name}: {done.error}")
+            self.restarts.append(f"cluster restarted after {name}: {why}")
+            outcome.extra["restarted_after"] = why
         except Exception as exc:
-            self.restart(f"kernel restarted after {name}: cluster could not restart: {exc}")
-        outcome.extra["restarted_after"] = True
+            self.restart(f"kernel restarted after {name}: {why}; the cluster did not start again: {exc}")
+            outcome.extra["restarted_after"] = f"kernel: {why}"
 
     def restart(self, why: str) -> None:
         self.restarts.append(why)
@@ -578,6 +598,9 @@ def main() -> None:
     parser.add_argument("--sides", default="python,cell", help="python, cell or both (python,cell)")
     parser.add_argument("--list", action="store_true", help="only list the scripts and what would be skipped")
     parser.add_argument("--recompare", type=Path, help="compare again the outputs saved by an earlier --json")
+    parser.add_argument(
+        "--python-from", type=Path, help="take the python side from an earlier --json instead of running it again"
+    )
     args = parser.parse_args()
     if args.recompare:
         recompare(args.recompare, args.json)
@@ -609,7 +632,13 @@ def main() -> None:
     notebook: Notebook | None = None
     started = time.time()
     try:
-        if "python" in sides:
+        if args.python_from:
+            saved = {r["name"]: r["python"] for r in json.loads(args.python_from.read_text())["rows"]}
+            for row in to_run:
+                if row.name in saved:
+                    row.python = Outcome(**saved[row.name])
+                    python_paths[row.name] = row.python.extra.get("paths", {})
+        elif "python" in sides:
             home = root / "home_python"
             home.mkdir()
             for i, row in enumerate(to_run, 1):
@@ -644,7 +673,7 @@ def main() -> None:
 def report(rows: list[Row], restarts: list[str], out: Path | None, timeout: float) -> None:
     """Compare, print the table and the headline, and write ``out``."""
     for row in rows:
-        if not row.skipped and row.python.status != "not run" and row.cell.status != "not run":
+        if not row.skipped and row.python.status == "ok" and row.cell.status == "ok":
             row.comparison = compare(
                 normalise(row.python.text, row.python.extra.get("paths", {})),
                 normalise(row.cell.text, row.cell.extra.get("paths", {})),

@@ -200,7 +200,8 @@ def test_child_processes_of_a_script_run_and_print_as_under_python(kernel: Kerne
     """A pool spawned by multiprocessing runs the script's file again (its functions are found by name in
     ``__main__``); what the children and ``subprocess`` print shows in the cell. (Not a forked pool: forking a
     Ray driver, whose threads hold locks, is what Ray's documentation warns against, and it hangs now and then
-    under ``python`` as here.)"""
+    under ``python`` as here.) After ``reset_driver()`` too, which empties the module's namespace."""
+    ok(kernel, "import jupyter_cluster as jc\njc.current().reset_driver()")
     messages = ok(
         kernel,
         "%%remote --driver\n"

@@ -135,7 +135,8 @@ def stop_started(driver_ns: dict[str, Any], own_classes: frozenset[str] = OWN_CL
     from ._execute import fresh_namespace
 
     driver_ns.clear()
-    driver_ns.update(fresh_namespace(), ray=ray)
+    # The namespace is the module `__main__`'s (see ._driver): what a module has, multiprocessing reads.
+    driver_ns.update(fresh_namespace(), ray=ray, __spec__=None, __loader__=None, __package__=None, __doc__=None)
     gc.collect()  # unnamed actors go with the last handle to them
     unnamed = [a for a in before["actors"] if not a["name"]]
     stopped["unnamed"] = len(unnamed)
