@@ -38,11 +38,11 @@ messages, stdout and stderr, in order) is normalised into lines, and the two mul
 3. Ray's deduplicated worker lines, ``X [repeated 3x across cluster]``, count as 3 lines ``X``.
 4. Masked, in order: a worker line's prefix ``(name pid=123, ip=10.0.0.1)`` to ``(name)``; the
    script's path (python) and ``<remote-cell-...>`` (cell) to ``<SCRIPT>``; the temporary
-   folders and ``HOME``; Ray session folders; date-times and clock times; ``ObjectRef(...)``-style
-   ids, ``0x`` addresses, UUIDs and hex ids of 8+ characters; IP addresses (with a port); Tune's
-   trial ids (``name_1a2b3_00000``); ``pid=123``, ``pid: 123`` and ``pid 123``; durations
-   (``1.5s``, ``12 ms``); decimal and scientific numbers (timings, random estimates);
-   percentages; on a line that says "time", every number.
+   folders and ``HOME``; Ray session folders (wherever Ray's temporary folder is); date-times
+   and clock times; ``ObjectRef(...)``-style ids, ``0x`` addresses, UUIDs and hex ids of 8+
+   characters; IP addresses (with a port); Tune's trial ids (``name_1a2b3_00000``); ``pid=123``,
+   ``pid: 123`` and ``pid 123``; durations (``1.5s``, ``12 ms``); decimal and scientific numbers
+   (timings, random estimates); percentages; on a line that says "time", every number.
 5. Tune's Unicode table borders become ASCII (``╭─┤│`` to ``+-+|``: Tune draws ASCII when
    ``sys.stdout.encoding`` is not UTF-8), runs of spaces one space, and a line made only of
    border characters ``<BORDER>`` (its width follows the numbers in the table).
@@ -159,6 +159,7 @@ INTEGER = re.compile(r"(?<![\w<])\d+(?![\w>])")
 MASKS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"<remote-cell-[0-9a-f]+>"), "<SCRIPT>"),
     (re.compile(r"session_\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}_\d+_\d+"), "session_<ID>"),
+    (re.compile(r"[^\s`'\"]*/ray/session_<ID>"), "<RAYTMP>/ray/session_<ID>"),
     (re.compile(r"\d{4}-\d{2}-\d{2}[ _T]\d{2}[:-]\d{2}[:-]\d{2}(?:[.,]\d+)?"), "<TIME>"),
     (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"), "<TIME>"),
     (re.compile(r"\b(ObjectRef|ActorID|TaskID|NodeID|JobID|ObjectID|PlacementGroupID)\([0-9a-f]+\)"), r"\1(<ID>)"),

@@ -48,32 +48,4 @@ def crash_site(crash: str) -> tuple[str, int] | None:
     return (found.group(1), int(found.group(2))) if found else None
 
 
-def oom_kills(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
-    """How many processes the out-of-memory killer ended in this process's memory cgroup, or None where unknown.
-
-    cgroup v2 counts them in ``memory.events``, v1 in ``memory.oom_control`` (both as ``oom_kill N``)."""
-    try:
-        with open(proc_cgroup) as f:
-            lines = [line.strip().split(":", 2) for line in f if line.count(":") >= 2]
-    except OSError:
-        return None
-    v1 = next((path for _, controllers, path in lines if "memory" in controllers.split(",")), None)
-    v2 = next((path for number, controllers, path in lines if number == "0" and not controllers), None)
-    candidates = []
-    if v1 is not None:
-        candidates.append(f"{root}/memory{v1.rstrip('/')}/memory.oom_control")
-    if v2 is not None:
-        candidates.append(f"{root}{v2.rstrip('/')}/memory.events")
-    for path in candidates:
-        try:
-            with open(path) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-__all__ = ["CRASH_FILE", "crash_site", "how_it_ended", "oom_kills"]
+__all__ = ["CRASH_FILE", "crash_site", "how_it_ended"]

@@ -16,8 +16,9 @@ import sys
 import tempfile
 import threading
 
-from ._crash import CRASH_FILE, how_it_ended, oom_kills
+from ._crash import CRASH_FILE, how_it_ended
 from ._errors import ClusterConnectionError
+from .agent._deaths import oom_kills  # the kernel's and its agent's cgroup: the same reading
 
 START_TIMEOUT = 180.0
 
