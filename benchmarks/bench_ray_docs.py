@@ -17,8 +17,11 @@ cell. Each ``.py`` file under ``--scripts`` (recursively) runs twice:
   ``%cluster local --cpus 2`` once, then each script as ``"%%remote --driver\\n" + source``.
   Between scripts (untimed) ``jc.current().reset_driver()`` stops what the previous script
   started (its actors, placement groups, the driver namespace), as the end of a python process
-  does; were the cluster gone, it is started again (noted). A cell past the timeout is
-  interrupted (the notebook's stop button).
+  does; then a driver cell waits up to 15 s for all the cluster's CPUs to be free. If they are
+  not (tasks a script left queued or running hold them), or the cluster is gone, ``%cluster
+  down`` and ``%cluster local --cpus 2`` start it afresh, and the restart is listed under the
+  table: without that, one script that leaves the 2 CPUs busy makes every later cell time out.
+  A cell past the timeout is interrupted (the notebook's stop button).
 
 The python runs all come first, then the cells: never two of Ray's clusters busy at once.
 
@@ -29,18 +32,20 @@ messages, stdout and stderr, in order) is normalised into lines, and the two mul
 
 1. ANSI colours are removed; ``\\r`` ends a line as ``\\n`` does; blank lines are dropped.
 2. Ray's own lines are dropped: its logger's (``2024-01-01 12:00:00,123<TAB>INFO worker.py:1 --``
-   and ``WARNING``/``ERROR``/``DEBUG``), its C++ core's (``[2024-01-01 12:00:00,123 W 12 34] ...``),
-   those of its own processes (``(raylet)``, ``(gcs_server)``, ``(autoscaler +3s)``, ...), its
-   log-deduplication notice, Python warnings raised from inside Ray's own package (with the
-   source line that follows them), progress bars (``45%|####``, ``it/s]``), and the reports
-   Python prints when a thread or a finaliser fails (``Exception in thread ...``, ``Exception
-   ignored in ...``, up to the exception's line), which Ray's workers print as they are killed.
+   and ``WARNING``/``ERROR``/``DEBUG``, with the traceback or the ``- item`` lines that follow
+   such a record: indented lines, ``Traceback ...``, ``^^^``, ``SomeError: ...``), its C++
+   core's (``[2024-01-01 12:00:00,123 W 12 34] ...``), those of its own processes
+   (``(raylet)``, ``(gcs_server)``, ``(autoscaler +3s)``, ...), its log-deduplication notice,
+   Python warnings raised from inside Ray's own package (with the source line that follows
+   them), progress bars (``45%|####``, ``it/s]``), and the reports Python prints when a thread
+   or a finaliser fails (``Exception in thread ...``, ``Exception ignored in ...``, up to the
+   exception's line), which Ray's workers print as they are killed.
 3. Ray's deduplicated worker lines, ``X [repeated 3x across cluster]``, count as 3 lines ``X``.
 4. Masked, in order: a worker line's prefix ``(name pid=123, ip=10.0.0.1)`` to ``(name)``; the
    script's path (python) and ``<remote-cell-...>`` (cell) to ``<SCRIPT>``; the temporary
    folders and ``HOME``; Ray session folders (wherever Ray's temporary folder is); date-times
    and clock times; ``ObjectRef(...)``-style ids, ``0x`` addresses, UUIDs and hex ids of 8+
-   characters; IP addresses (with a port); Tune's trial ids (``name_1a2b3_00000``); ``pid=123``,
+   characters; IP addresses (with a port); Tune's trial ids (``1a2b3_00000``); ``pid=123``,
    ``pid: 123`` and ``pid 123``; durations (``1.5s``, ``12 ms``); decimal and scientific numbers
    (timings, random estimates); percentages; on a line that says "time", every number.
 5. Tune's Unicode table borders become ASCII (``╭─┤│`` to ``+-+|``: Tune draws ASCII when
@@ -63,9 +68,12 @@ killer (``while True: chunks.append``); and by name: ``limit_tasks.py`` (a milli
 arguments). Scripts that only declare GPUs to a fresh ``ray.init(num_gpus=...)`` are run.
 
 Run: ``python benchmarks/bench_ray_docs.py --scripts DIR [--only PATTERN] [--timeout 120]
-[--json OUT] [--sides python,cell] [--list]``. The scripts are not part of this repository;
-``DIR`` is a folder of Ray's ``doc/source/**/doc_code`` files. The headline: of the scripts that
-pass under python, how many pass as cells, and how many print the same lines.
+[--json OUT] [--sides python,cell] [--python-from OLD.json] [--list]``; ``--recompare OLD.json``
+compares the saved outputs again (after a change to the rules above) without running anything.
+The scripts are not part of this repository; ``DIR`` is a folder of Ray's
+``doc/source/**/doc_code`` files. The headline: of the scripts that pass under python, how many
+pass as cells, and how many print the same lines. The python side takes about 30 s a script on
+2 cores (each starts a Ray); ``--python-from`` reuses it from an earlier ``--json``.
 """
 
 from __future__ import annotations
@@ -153,6 +161,10 @@ IGNORED_START = re.compile(r"^(Exception ignored in|Exception in thread)\b")
 IGNORED_END = re.compile(r"^[A-Za-z_][\w.]*(Error|Exit|Exception|Interrupt)\b")
 BOXES = str.maketrans({c: "+" for c in "╭╮╰╯├┤┼┬┴"} | {"│": "|", "─": "-"})
 BORDER = re.compile(r"^[+|-][+| -]*$")
+CONTINUATION = re.compile(
+    r"^(\s|Traceback \(most recent call last\)|The above exception|During handling of the above|\^|~|- |"
+    r"[\w.]+(Error|Exception|Exit|Interrupt)\b)"
+)
 TIME_WORD = re.compile(r"time", re.IGNORECASE)
 INTEGER = re.compile(r"(?<![\w<])\d+(?![\w>])")
 
@@ -167,7 +179,7 @@ MASKS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"), "<UUID>"),
     (re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{8,}\b"), "<HEX>"),
     (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"), "<IP>"),
-    (re.compile(r"\b(\w+?)_[0-9a-f]{5}_\d{5}\b"), r"\1_<TRIAL>"),
+    (re.compile(r"(?<![0-9a-f])[0-9a-f]{5}_\d{5}(?![0-9])"), "<TRIAL>"),
     (re.compile(r"\bpid(?:=|: | )\d+"), "pid=<PID>"),
     (re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:ms|us|µs|s|sec|secs|seconds|min|mins|minutes)\b"), "<DUR>"),
     (re.compile(r"(?<![\w.])-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+)"), "<NUM>"),
@@ -181,6 +193,7 @@ def normalise(text: str, paths: dict[str, str]) -> list[str]:
     lines: list[str] = []
     drop_next_indented = False
     ignoring: set[str] = set()  # the worker prefixes inside an "Exception ignored in" report
+    in_record: set[str] = set()  # the prefixes whose last line was one of Ray's log records
     for raw in ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n").split("\n"):
         line = DEDUP_NOTICE.sub("", raw.rstrip())
         if drop_next_indented and line.startswith("  "):
@@ -199,7 +212,13 @@ def normalise(text: str, paths: dict[str, str]) -> list[str]:
             continue
         if not body.strip():
             continue
-        if RAY_LOGGER.match(body) or RAY_CORE.match(body) or RAY_PROCESS.match(line) or PROGRESS.search(line):
+        if RAY_LOGGER.match(body) or RAY_CORE.match(body):
+            in_record.add(who)
+            continue
+        if who in in_record and CONTINUATION.match(body):
+            continue
+        in_record.discard(who)
+        if RAY_PROCESS.match(line) or PROGRESS.search(line):
             continue
         if RAY_WARNING.search(body):
             drop_next_indented = True
