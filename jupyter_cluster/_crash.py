@@ -12,13 +12,12 @@ from __future__ import annotations
 import re
 import signal
 
+from .agent._deaths import CRASH_FILE
+
 #: What Python's faulthandler writes first: "Fatal Python error: Segmentation fault".
 _FATAL = re.compile(r"Fatal Python error: (.+)")
 #: A frame of a remote cell in a faulthandler dump: ``  File "<remote-cell-…>", line 3 in <module>``.
 _CELL_FRAME = re.compile(r'File "(<remote-cell-[0-9a-f]+>)", line (\d+) in ')
-
-#: Where faulthandler writes, in the agent's folder.
-CRASH_FILE = "crash.txt"
 
 
 def how_it_ended(code: int | None, crash: str = "", oom_killed: bool = False) -> str:

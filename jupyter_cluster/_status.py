@@ -297,11 +297,11 @@ def _list(items: list[str]) -> str:
     return f"<ul>{''.join(items)}</ul>" if items else ""
 
 
-#: Opens the live dashboard in a JupyterLab tab: the sidebar extension shows the button
-#: (it is ``hidden`` elsewhere, where nothing would answer it) and handles its clicks.
 #: Where Ray's dashboard's token comes from, when Ray runs with token authentication (its page asks for it).
 _TOKEN_HINT = " (it asks for Ray's token: `ray get-auth-token`)"
 
+#: Opens the live dashboard in a JupyterLab tab: the sidebar extension shows the button
+#: (it is ``hidden`` elsewhere, where nothing would answer it) and handles its clicks.
 DASHBOARD_BUTTON = (
     '<button data-jupyter-cluster-dashboard hidden class="jc-dashboard-button" '
     'title="Open the live dashboard in a JupyterLab tab">Open dashboard</button>'

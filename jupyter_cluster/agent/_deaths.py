@@ -84,6 +84,10 @@ def install_markers() -> None:
     os._exit = _exit
 
 
+#: Where the agent's faulthandler writes, beside its socket (the kernel reads it once the agent is gone).
+CRASH_FILE = "crash.txt"
+
+
 def oom_kills() -> int | None:
     """The kernel's OOM kills in this process's cgroup so far (v1 ``memory.oom_control``, v2 ``memory.events``)."""
     from ._sizing import cgroup_files

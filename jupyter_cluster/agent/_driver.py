@@ -56,7 +56,8 @@ class DriverCells:
         def sink(index: int, batch: list[tuple[str, Any]]) -> None:
             loop.call_soon_threadsafe(cell.emit, "stream", batch)
 
-        script = os.path.join(self.files, cell_filename(spec.source).strip("<>") + ".py")
+        filename = cell_filename(spec.source)
+        script = os.path.join(self.files, filename.strip("<>") + ".py")
 
         def run() -> tuple[CellOutcome, list[Any]]:
             if not os.path.exists(script):
@@ -64,7 +65,7 @@ class DriverCells:
                     f.write(spec.source)
             self.namespace["__file__"] = script
             # Before the code runs, which may start tasks at once that print a traceback through it (._cellsource).
-            _cellsource.publish(cell_filename(spec.source), spec.source)
+            _cellsource.publish(filename, spec.source)
             if spec.announce:
                 loop.call_soon_threadsafe(cell.emit, "running", {"node": node_ip(), "items": 1})
             values = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)

@@ -655,7 +655,9 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(os.path.dirname(log_file), mode=0o700, exist_ok=True)
     # A fatal signal (a C extension's segfault in a driver cell) leaves the stacks of the agent's threads beside
     # its socket, where the kernel reads where it hit (Ray enables faulthandler only where it is not already).
-    crash = open(os.path.join(os.path.dirname(args.socket), "crash.txt"), "w")  # noqa: SIM115 - for the process's life
+    from ._deaths import CRASH_FILE
+
+    crash = open(os.path.join(os.path.dirname(args.socket), CRASH_FILE), "w")  # noqa: SIM115 - for the process's life
     faulthandler.enable(crash, all_threads=True)
     logging.basicConfig(
         filename=log_file,

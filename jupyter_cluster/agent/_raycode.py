@@ -81,6 +81,7 @@ class ScriptDriver:
         self.original_exit = os._exit
         self.pid = os.getpid()
         self._signature = inspect.signature(self.original_init)
+        self._shutdown_signature = inspect.signature(self.original_shutdown)
         self._lock = threading.Lock()
         #: What driver cells started that a script's driver takes with it: its actors, by id (an actor busy in a
         #: method outlives its last handle, which a script's end does not), and its placement groups.
@@ -220,7 +221,7 @@ class ScriptDriver:
     # ------------------------------------------------------------------ ray.shutdown
     def shutdown(self, *args: Any, **kwargs: Any) -> None:
         """``ray.shutdown`` in the agent: stop what driver cells started that a script's driver takes with it."""
-        self._signature_of_shutdown().bind(*args, **kwargs)
+        self._shutdown_signature.bind(*args, **kwargs)  # a wrong call fails as Ray's would
         with self._lock:
             actors, self._actors = self._actors, []
             groups, self._groups = self._groups, []
@@ -230,9 +231,6 @@ class ScriptDriver:
                 ray.util.remove_placement_group(group)
             except Exception:
                 log.debug("ray.shutdown() in a driver cell: a placement group was gone already", exc_info=True)
-
-    def _signature_of_shutdown(self) -> inspect.Signature:
-        return inspect.signature(self.original_shutdown)
 
     # ------------------------------------------------------------------ os._exit
     def _exit(self, status: int) -> None:
