@@ -76,15 +76,49 @@ def test_ray_init_in_its_common_forms_joins_the_attached_cluster(kernel: Kernel)
     assert said.count("\n") == 1 and said.startswith("ray.init: "), said
     assert "num_cpus=8, but the attached cluster has 1 CPU" in said and "num_gpus=1, but" in said, said
     assert "%cluster local --cpus N" in said and text(messages, "stdout") == "on\n"
-    messages = ok(kernel, "%%remote --driver\nray.init(namespace='shop', runtime_env={'env_vars': {'A': '1'}})")
+    messages = ok(kernel, "%%remote --driver\nray.init(namespace='shop')")
     said = text(messages, "stderr")
     assert said.count("\n") == 1 and "namespace='shop'" in said and "'jupyter_cluster'" in said, said
-    assert "runtime_env" in said and "--runtime-env" in said, said
     # Wrong calls fail as Ray's own would.
     reply, messages = driver(kernel, "ray.init(bogus=1)")
     assert reply["status"] == "error" and "Unknown keyword argument(s): bogus" in error_text(messages)  # type: ignore[arg-type]
     reply, messages = driver(kernel, "ray.init(local_mode=True)")
     assert reply["status"] == "error" and "`local_mode` is no longer supported" in error_text(messages)  # type: ignore[arg-type]
+
+
+def test_a_scripts_runtime_env_goes_to_its_tasks_and_actors_until_it_ends(kernel: Kernel) -> None:
+    """``ray.init(runtime_env=...)`` is the script's job's runtime_env, as under ``python``: merged under each task's
+    and actor's own (``env_vars`` name by name), its setup hook run in their workers (after the session's own,
+    which routes their output here), until the next ``ray.init`` or ``ray.shutdown()``; never for other cells."""
+    messages = ok(
+        kernel,
+        "%%remote --driver\n"
+        "import logging, os\n"
+        "def quiet_setup():\n"
+        "    logging.basicConfig(level=logging.INFO)\n"
+        "env = {'env_vars': {'SHOP': 'open', 'DOOR': 'front'}, 'worker_process_setup_hook': quiet_setup}\n"
+        "ray.init(runtime_env=env)\n"
+        "@ray.remote\n"
+        "def env():\n"
+        "    logging.info('logged in the task')\n"
+        "    return os.environ.get('SHOP'), os.environ.get('DOOR')\n"
+        "@ray.remote\n"
+        "class Till:\n"
+        "    def env(self):\n"
+        "        return os.environ.get('SHOP'), os.environ.get('DOOR')\n"
+        "print(ray.get(env.remote()), ray.get(env.options(runtime_env={'env_vars': {'DOOR': 'back'}}).remote()))\n"
+        "print(ray.get(Till.remote().env.remote()))",
+    )
+    assert text(messages, "stdout").splitlines()[:2] == ["('open', 'front') ('open', 'back')", "('open', 'front')"]
+    assert "INFO:root:logged in the task" in text(messages, "stderr") and "ray.init" not in text(messages)
+    # Not a task cell's, and not after the script's end: the next ray.init() without one, or ray.shutdown().
+    assert text(ok(kernel, "%%remote\nimport os\nprint(os.environ.get('SHOP'))")) == "None\n"
+    ok(kernel, "%%remote --driver\nray.init(runtime_env={'env_vars': {'SHOP': 'open'}})\nray.shutdown()")
+    shown = ok(
+        kernel,
+        "%%remote --driver\n@ray.remote\ndef shop():\n    return os.environ.get('SHOP')\nprint(ray.get(shop.remote()))",
+    )
+    assert text(shown) == "None\n"
 
 
 def test_ray_shutdown_stops_what_driver_cells_started_and_every_kind_of_cell_works_after(kernel: Kernel) -> None:

@@ -107,7 +107,9 @@ def stop_started(driver_ns: dict[str, Any], own_classes: frozenset[str] = OWN_CL
             serve.shutdown()
         except Exception as exc:
             stopped["errors"].append(f"serve.shutdown(): {exc}")
-    from ._raycode import kill_actors
+    from ._raycode import end_script, kill_actors
+
+    end_script()
 
     # An unnamed actor goes with its last handle, unless a method of it runs (a loop): those are stopped by id.
     kill_actors([ray.ActorID.from_hex(a["id"]) for a in before["actors"] if not a["name"] and not a["detached"]])

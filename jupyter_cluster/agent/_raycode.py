@@ -6,14 +6,17 @@ begins with ``ray.init(...)`` and may end with ``ray.shutdown()``; Ray's own fun
 agent's process the ``ray`` package's two names are replaced (Ray's own calls of them, inside Ray, are not):
 
 - ``ray.init(...)``, in any form, joins the attached cluster, which is what the user means, and returns Ray's
-  context as a repeated ``ray.init`` would. Arguments that ask for what the cluster does not have (more CPUs or
-  GPUs than it has, a custom resource it lacks, a job-wide ``runtime_env``, another namespace or address, the
-  settings of a new cluster) are said in one line on the cell's stderr: what was asked, what the cluster has,
-  and how to get it. Harmless ones (logging, ``log_to_driver``, ``include_dashboard``, ``ignore_reinit_error``)
-  pass without a word; wrong ones fail as Ray's do.
+  context as a repeated ``ray.init`` would. Its ``runtime_env`` is the script's job's: as Ray merges a job's
+  ``runtime_env`` under each task's, it is merged under the ``runtime_env`` of every task and actor the driver
+  cells submit, until the next ``ray.init`` or ``ray.shutdown()`` (:class:`ScriptEnv`). Arguments that ask for
+  what the cluster does not have (more CPUs or GPUs than it has, a custom resource it lacks, another namespace or
+  address, the settings of a new cluster) are said in one line on the cell's stderr: what was asked, what the
+  cluster has, and how to get it. Harmless ones (logging, ``log_to_driver``, ``include_dashboard``,
+  ``ignore_reinit_error``) pass without a word; wrong ones fail as Ray's do.
 - ``ray.shutdown()`` ends what a script's driver takes with it when it disconnects: the actors (not detached)
-  and placement groups that the notebook's driver cells started are stopped. The session stays attached; the
-  objects other cells hold, detached actors and Serve applications stay, as they outlive a script's driver.
+  and placement groups that the notebook's driver cells started are stopped, and its ``runtime_env`` ends. The
+  session stays attached; the objects other cells hold, detached actors and Serve applications stay, as they
+  outlive a script's driver.
 - ``os._exit(status)`` in a driver cell ends the cell, not the agent: the cell fails with that exit status
   (succeeds with 0), and the session, its objects and its actors go on.
 """
@@ -87,6 +90,8 @@ class ScriptDriver:
         #: method outlives its last handle, which a script's end does not), and its placement groups.
         self._actors: list[Any] = []
         self._groups: list[Any] = []
+        #: The ``runtime_env`` of the script's last ``ray.init``, merged under the driver cells' tasks and actors.
+        self.script_env: ScriptEnv | None = None
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
@@ -97,8 +102,36 @@ class ScriptDriver:
         ray.init = self.init
         ray.shutdown = self.shutdown
         os._exit = self._exit  # type: ignore[assignment]
+        self._watch_tasks()
         self._watch_actors()
         self._watch_placement_groups()
+        global _installed
+        _installed = self
+
+    def _env_here(self) -> ScriptEnv | None:
+        env = self.script_env
+        return env if env is not None and self.is_driver_cell() else None
+
+    def _watch_tasks(self) -> None:
+        from ray import remote_function
+
+        original = remote_function.RemoteFunction._remote
+        watcher = self
+
+        def _remote(
+            fn: Any,
+            args: Any = None,
+            kwargs: Any = None,
+            serialized_runtime_env_info: str | None = None,
+            **options: Any,
+        ) -> Any:
+            env = watcher._env_here()
+            if env is not None:
+                options["runtime_env"], serialized_runtime_env_info = env.under(options.get("runtime_env"))
+            return original(fn, args, kwargs, serialized_runtime_env_info, **options)
+
+        _remote.__wrapped__ = original  # type: ignore[attr-defined]
+        remote_function.RemoteFunction._remote = _remote  # type: ignore[method-assign]
 
     def _watch_actors(self) -> None:
         from ray import actor
@@ -107,6 +140,9 @@ class ScriptDriver:
         watcher = self
 
         def _remote(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            env = watcher._env_here()
+            if env is not None:
+                kwargs["runtime_env"] = env.under(kwargs.get("runtime_env"))[0]
             handle = original(cls, *args, **kwargs)
             if watcher.is_driver_cell():
                 watcher._started_actor(handle, kwargs)
@@ -157,6 +193,8 @@ class ScriptDriver:
         if unknown:
             raise RuntimeError(f"Unknown keyword argument(s): {', '.join(unknown)}")
         notes = self.notes({**given, **extra})
+        # A script's ray.init starts its job: its runtime_env, or none (the last script's ends).
+        self.script_env = ScriptEnv.prepare(given["runtime_env"]) if given.get("runtime_env") else None
         if notes:
             sys.stderr.write(f"ray.init: {'; '.join(notes)}\n")
         return self.context()
@@ -192,12 +230,6 @@ class ScriptDriver:
             )
         if notes and self.hint:
             notes[-1] += f" ({self.hint})"
-        if given.get("runtime_env"):
-            notes.append(
-                "runtime_env: this notebook's job runs already; give it to the tasks and actors "
-                "(`.options(runtime_env=...)`), to a cell (`%%remote --runtime-env JSON`) or to the session "
-                "(`%cluster local --runtime-env JSON`)"
-            )
         namespace = given.get("namespace")
         ours = ray.get_runtime_context().namespace
         if namespace is not None and namespace != ours:
@@ -222,6 +254,7 @@ class ScriptDriver:
     def shutdown(self, *args: Any, **kwargs: Any) -> None:
         """``ray.shutdown`` in the agent: stop what driver cells started that a script's driver takes with it."""
         self._shutdown_signature.bind(*args, **kwargs)  # a wrong call fails as Ray's would
+        self.script_env = None
         with self._lock:
             actors, self._actors = self._actors, []
             groups, self._groups = self._groups, []
@@ -244,6 +277,94 @@ class ScriptDriver:
 _ASKED = frozenset(
     {"num_cpus", "num_gpus", "resources", "object_store_memory", "runtime_env", "namespace", "local_mode"}
 )
+
+
+class ScriptEnv:
+    """A script's job ``runtime_env`` (its ``ray.init(runtime_env=...)``), ready to go under a task's own.
+
+    Prepared once, as Ray's ``ray.init`` prepares a job's: local ``working_dir`` and ``py_modules`` uploaded to the
+    cluster, a ``worker_process_setup_hook`` exported (run after the session's own hook, which routes the workers'
+    output to the cells). :meth:`under` merges it under a task's or actor's own ``runtime_env`` by Ray's rule for a
+    job's: the task's fields win, and ``env_vars`` merge name by name.
+    """
+
+    def __init__(self, env: dict[str, Any]) -> None:
+        self.env = env
+        self._plain = self._ready(env)  # a task without a runtime_env of its own: the common case, made once
+
+    @classmethod
+    def prepare(cls, runtime_env: Any) -> ScriptEnv:
+        from ray._private import worker
+        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+        from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+
+        env = dict(runtime_env)
+        if not isinstance(env.get("env_vars", {}), dict):
+            raise TypeError(f"runtime_env['env_vars'] must be a dict, not {type(env['env_vars']).__name__}")
+        scratch = worker.global_worker.node.get_runtime_env_dir_path()
+        env = upload_py_modules_if_needed(env, include_gitignore=True, scratch_dir=scratch, logger=log)
+        env = upload_working_dir_if_needed(env, include_gitignore=True, scratch_dir=scratch, logger=log)
+        hook = env.pop("worker_process_setup_hook", None)
+        if hook is not None:
+            env = _export_hook(env, hook)
+        env.pop("excludes", None)
+        return cls(env)
+
+    def under(self, own: Any) -> tuple[Any, str]:
+        """The ``runtime_env`` of a task whose own is ``own`` (``None``: none), and Ray's serialised form of it."""
+        if not own:
+            return self._plain
+        merged = dict(self.env)
+        for key, value in dict(own).items():
+            merged[key] = {**self.env.get("env_vars", {}), **value} if key == "env_vars" else value
+        return self._ready(merged)
+
+    @staticmethod
+    def _ready(env: dict[str, Any]) -> tuple[Any, str]:
+        from ray._private.utils import get_runtime_env_info, parse_runtime_env_for_task_or_actor
+
+        parsed = parse_runtime_env_for_task_or_actor(env)
+        return parsed, get_runtime_env_info(parsed, is_job_runtime_env=False, serialize=True)
+
+
+def _export_hook(env: dict[str, Any], hook: Any) -> dict[str, Any]:
+    """``env`` with a setup hook that runs the session's own (the job's) and then the script's ``hook``."""
+    from ray._private import ray_constants, worker
+    from ray._private.runtime_env.setup_hook import export_setup_func_callable
+
+    if not (callable(hook) or isinstance(hook, str)):
+        raise TypeError(f"worker_process_setup_hook must be a function, got {type(hook)}.")
+    variable = ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+    job_env = ray.get_runtime_context().runtime_env or {}
+    # The job's runtime_env names it on a head; on the embedded cluster, the environment its workers inherit.
+    session_hook = (job_env.get("env_vars") or {}).get(variable) or os.environ.get(variable)
+    return export_setup_func_callable(env, _chained(session_hook, hook), worker.global_worker)
+
+
+def _chained(first: str | None, then: Any) -> Callable[[], None]:
+    """A setup hook (pickled by value into the cluster) that runs the hook ``first`` names, then ``then``."""
+
+    def setup_hooks() -> None:
+        from ray._private.runtime_env.setup_hook import load_and_execute_setup_hook
+
+        for hook in (first, then):
+            if hook is None:
+                continue
+            error = load_and_execute_setup_hook(hook) if isinstance(hook, str) else hook()
+            if isinstance(hook, str) and error:
+                raise RuntimeError(error)
+
+    setup_hooks.__name__ = getattr(then, "__name__", str(then))
+    return setup_hooks
+
+
+def end_script() -> None:
+    """The end of the scripts' driver work (``jc.current().reset_driver()``): their ``runtime_env`` ends too."""
+    if _installed is not None:
+        _installed.script_env = None
+
+
+_installed: ScriptDriver | None = None
 
 
 def kill_actors(actor_ids: list[Any]) -> None:
@@ -286,4 +407,4 @@ def original_shutdown() -> Callable[..., None]:
     return worker.shutdown
 
 
-__all__ = ["HARMLESS", "DriverExit", "ScriptDriver", "kill_actors", "original_shutdown"]
+__all__ = ["HARMLESS", "DriverExit", "ScriptDriver", "ScriptEnv", "end_script", "kill_actors", "original_shutdown"]
