@@ -56,8 +56,24 @@ messages, stdout and stderr, in order) is normalised into lines, and the two mul
 how often a loop polled, how many lines a worker got out before the process ended); "no"
 otherwise, and the first line one side has that the other lacks is shown (``-python:`` a line
 only python printed, ``+cell:`` one only the cell printed). A cell's ``Out[]`` value and the
-displays the notebook shows (not printed lines) are kept in ``--json`` only. Lines that differ
-because the script prints random numbers (as integers) are not masked: they show as "no".
+displays the notebook shows (not printed lines) are kept in ``--json`` only.
+
+**Differences by design or by chance** ("by" in the table, and counted apart in the headline): a
+script whose lines differ is listed as differing *only by* these kinds of lines when every line
+one side has and the other lacks is one of them:
+
+- *chance*: python itself prints it differently from run to run. A script whose cell printed other
+  lines runs under python again (``--reruns``, 2 at most, after the cells); a line whose template
+  (its integers masked) one python run has and another lacks, or has another number of times, is
+  the script's chance (random numbers, timing) and is left out on every side.
+- *notice*: the cell's one ``ray.init: ...`` line on what of ``ray.init``'s arguments the attached
+  cluster does not give (``num_cpus=4`` on a 2-CPU cluster), which the product prints by design.
+- *log*: a line python printed that the cell put in the cluster's log (``%cluster logs``, read
+  after each cell) instead: Ray's own records in its workers (Train's and Tune's loggers), which a
+  cell keeps out by design, and lines that came after the cell ended.
+- *once*: a ``RayDeprecationWarning`` (with its source line) that python printed again at another
+  line where the cell printed it once. Ray shows each once per module; python's process shows it
+  again only because a module Ray imports on first use changed its warning filters in between.
 
 **Skipped**, with the reason shown, by these rules on the source (first match wins): CUDA
 (``.cuda(``, ``device="cuda"``); NCCL/NIXL; NPU/Neuron accelerators; TensorFlow imports; Java/C++
@@ -68,7 +84,7 @@ killer (``while True: chunks.append``); and by name: ``limit_tasks.py`` (a milli
 arguments). Scripts that only declare GPUs to a fresh ``ray.init(num_gpus=...)`` are run.
 
 Run: ``python benchmarks/bench_ray_docs.py --scripts DIR [--only PATTERN] [--timeout 120]
-[--json OUT] [--sides python,cell] [--python-from OLD.json] [--list]``; ``--recompare OLD.json``
+[--json OUT] [--sides python,cell] [--python-from OLD.json] [--reruns 2] [--list]``; ``--recompare OLD.json``
 compares the saved outputs again (after a change to the rules above) without running anything.
 The scripts are not part of this repository; ``DIR`` is a folder of Ray's
 ``doc/source/**/doc_code`` files. The headline: of the scripts that pass under python, how many
@@ -246,9 +262,40 @@ class Comparison:
     same: str  # "yes", "set" or "no"
     only_python: list[str]
     only_cell: list[str]
+    #: Why the lines differ, where every difference is one of these (see :func:`explain`); empty otherwise.
+    because: list[str] = field(default_factory=list)
 
 
-def compare(python_lines: list[str], cell_lines: list[str]) -> Comparison:
+#: A warning of Ray's deprecations, where the script's code called the deprecated API. Ray shows each once per
+#: module (its filter's action is "module"); python's process shows it again where its warning filters changed
+#: between two calls (a module Ray imports on first use changes them), which the cell's process, where Ray's
+#: modules are imported already, does not.
+RAY_DEPRECATION = re.compile(r"^<SCRIPT>:\d+: RayDeprecationWarning: (?P<text>.*)$")
+#: What the cell prints that ``python`` does not, by design: the one line saying what of ``ray.init``'s
+#: arguments the attached cluster does not give (``num_cpus=4`` on a 2-CPU cluster, say).
+NOTICE = "ray.init: "
+
+
+def template(line: str) -> str:
+    """A line with its integers masked: the lines of one ``print`` that differ in the numbers it prints."""
+    return INTEGER.sub("<N>", line)
+
+
+def unstable(runs: list[list[str]]) -> set[str]:
+    """The templates of the lines that ``python``'s own runs of one script print differently (other numbers,
+    other counts, or only in some runs): the script's chance (random numbers, timing), not the cell's."""
+    found: set[str] = set()
+    first = collections.Counter(runs[0]) if runs else collections.Counter()
+    for other in map(collections.Counter, runs[1:]):
+        found |= {template(line) for line in (first - other) + (other - first)}
+    return found
+
+
+def compare(
+    python_lines: list[str], cell_lines: list[str], logged: list[str] = (), chance: set[str] = frozenset()
+) -> Comparison:
+    """``logged``: the (normalised) lines the cell's cluster log got while the script ran; ``chance``: the
+    templates of the lines python's own runs differ in (:func:`unstable`)."""
     py, cell = collections.Counter(python_lines), collections.Counter(cell_lines)
     only_py = [line for line in python_lines if (py - cell)[line]]
     only_cell = [line for line in cell_lines if (cell - py)[line]]
@@ -258,7 +305,48 @@ def compare(python_lines: list[str], cell_lines: list[str]) -> Comparison:
         same = "set"
     else:
         same = "no"
-    return Comparison(same, list(dict.fromkeys(only_py)), list(dict.fromkeys(only_cell)))
+    comparison = Comparison(same, list(dict.fromkeys(only_py)), list(dict.fromkeys(only_cell)))
+    if same != "yes":
+        comparison.because = explain(py - cell, cell - py, set(logged), chance, python_lines, cell_lines)
+    return comparison
+
+
+def explain(
+    only_py: collections.Counter[str],
+    only_cell: collections.Counter[str],
+    logged: set[str],
+    chance: set[str],
+    python_lines: list[str] = (),
+    cell_lines: list[str] = (),
+) -> list[str]:
+    """Why every line one side has and the other lacks differs, if each is one of: ``"chance"`` (python's own
+    runs differ in it too), ``"notice"`` (the cell's ``ray.init:`` line, which the product prints by design),
+    ``"log"`` (a line python printed that the cell put in the cluster's log instead: Ray's own records, which a
+    cell keeps out by design, and lines that came after the cell ended), ``"once"`` (a ``RayDeprecationWarning``
+    the cell printed once where python printed it again: see :data:`RAY_DEPRECATION`). ``[]`` where any
+    difference is left."""
+    because: set[str] = set()
+    for bag in (only_py, only_cell):
+        for line in [line for line in bag if template(line) in chance]:
+            del bag[line]
+            because.add("chance")
+    for line in [line for line in only_cell if line.startswith(NOTICE)]:
+        del only_cell[line]
+        because.add("notice")
+    for line in [line for line in only_py if line in logged]:
+        del only_py[line]
+        because.add("log")
+    shown = {m["text"] for m in map(RAY_DEPRECATION.match, cell_lines) if m}
+    for i, line in enumerate(python_lines):
+        warned = RAY_DEPRECATION.match(line)
+        if warned and warned["text"] in shown and only_py[line]:
+            source = python_lines[i + 1] if i + 1 < len(python_lines) else None
+            only_py[line] -= 1
+            if source is not None and only_py[source]:
+                only_py[source] -= 1
+            because.add("once")
+    only_py = +only_py
+    return sorted(because) if not only_py and not only_cell else []
 
 
 # --------------------------------------------------------------------------- the two ways
@@ -366,6 +454,11 @@ class Notebook:
 
     SETUP = "%load_ext jupyter_cluster\n%cluster local --cpus 2"
     RESET = "import jupyter_cluster as _bench_jc\n_bench_jc.current().reset_driver()"
+    LOG = (
+        "import json as _bench_json, jupyter_cluster as _bench_jc\n"
+        "print('BENCH_LOG', _bench_json.dumps([t for w, _, t in _bench_jc.current().logs(tail=None).lines "
+        "if w >= {since}]))"
+    )
     FREE_WAIT = 15
     FREE = (
         "%%remote --driver\n"
@@ -485,14 +578,25 @@ class Notebook:
 
     def run(self, script: Path, timeout: float) -> tuple[Outcome, dict[str, str]]:
         paths = {str(self.cwd): "<CWD>", str(self.ray_tmp): "<RAYTMP>", str(self.home): "<HOME>"}
+        since = time.time()
         try:
             outcome = self.execute("%%remote --driver\n" + script.read_text(), timeout)
         except (TimeoutError, RuntimeError) as exc:
             outcome = Outcome("timeout" if isinstance(exc, TimeoutError) else "fail", timeout, "", str(exc))
             self.restart(f"kernel restarted after {script.name}: {exc}")
             return outcome, paths
+        outcome.extra["log"] = self.logged(since)
         self.reset(script.name, outcome)
         return outcome, paths
+
+    def logged(self, since: float) -> list[str]:
+        """The lines the cluster's log got since ``since`` (a second after the cell, for its late lines)."""
+        time.sleep(1)
+        found = self.execute(self.LOG.format(since=since), timeout=60)
+        for line in found.text.splitlines():
+            if line.startswith("BENCH_LOG "):
+                return list(json.loads(line[len("BENCH_LOG ") :]))
+        return []
 
     def reset(self, name: str, outcome: Outcome) -> None:
         """Stop what the script started; then, unless all the cluster's CPUs are free again within
@@ -554,6 +658,8 @@ class Row:
         if self.python.status not in ("ok", "not run"):
             return f"python: {self.python.error}"
         comp = self.comparison
+        if comp and comp.because:
+            return "differs only by: " + ", ".join(BECAUSE[b] for b in comp.because)
         if comp and comp.same != "yes":
             if comp.only_python:
                 return f"-python: {comp.only_python[0]}"
@@ -561,6 +667,15 @@ class Row:
                 return f"+cell: {comp.only_cell[0]}"
             return "same lines, other counts"
         return ""
+
+
+#: What each reason of :func:`explain` means, in the table and the headline.
+BECAUSE = {
+    "chance": "lines python's own runs differ in",
+    "notice": "the cell's ray.init: line",
+    "log": "lines the cell keeps in %cluster logs",
+    "once": "a RayDeprecationWarning python repeats",
+}
 
 
 def short(text: str, width: int) -> str:
@@ -574,7 +689,7 @@ def table(rows: list[Row]) -> str:
     for r in rows:
         py = "skip" if r.skipped else r.python.status
         cell = "skip" if r.skipped else r.cell.status
-        same = r.comparison.same if r.comparison else "-"
+        same = (r.comparison.same if not r.comparison.because else "by") if r.comparison else "-"
         out.append(f"{r.name:{width}s}  {py:7s}  {cell:7s}  {same:4s}  {short(r.note(), 110)}")
     return "\n".join(out)
 
@@ -584,16 +699,19 @@ def headline(rows: list[Row]) -> str:
     py_ok = [r for r in ran if r.python.status == "ok"]
     cell_ok = [r for r in py_ok if r.cell.status == "ok"]
     same = [r for r in cell_ok if r.comparison and r.comparison.same == "yes"]
-    same_set = [r for r in cell_ok if r.comparison and r.comparison.same == "set"]
+    by = [r for r in cell_ok if r.comparison and r.comparison.because]
+    counts = collections.Counter(b for r in by for b in r.comparison.because)  # type: ignore[union-attr]
 
     def pct(n: int) -> str:
         return f"{100 * n / len(py_ok):.0f}%" if py_ok else "-"
 
+    reasons = "; ".join(f"{BECAUSE[b]}: {counts[b]}" for b in BECAUSE if counts[b])
     return (
         f"{len(rows)} scripts: {len(rows) - len(ran)} skipped, {len(ran)} run; {len(py_ok)} pass under python.\n"
         f"Of those {len(py_ok)}: {len(cell_ok)} pass as --driver cells ({pct(len(cell_ok))}), "
         f"{len(same)} of them with the same printed lines ({pct(len(same))}); "
-        f"{len(same_set)} more print the same distinct lines, counted differently."
+        f"{len(by)} more differ only by lines of these kinds ({reasons or 'none'}): "
+        f"{len(same) + len(by)} the same or so ({pct(len(same) + len(by))})."
     )
 
 
@@ -620,6 +738,9 @@ def main() -> None:
     parser.add_argument("--recompare", type=Path, help="compare again the outputs saved by an earlier --json")
     parser.add_argument(
         "--python-from", type=Path, help="take the python side from an earlier --json instead of running it again"
+    )
+    parser.add_argument(
+        "--reruns", type=int, default=2, help="python runs again, at most, of a script whose cell printed other lines"
     )
     args = parser.parse_args()
     if args.recompare:
@@ -678,26 +799,55 @@ def main() -> None:
                     file=sys.stderr,
                     flush=True,
                 )
+        if notebook is not None:
+            notebook.stop()
+            notebook = None
+        for row in to_run:
+            row.python.extra.setdefault("paths", python_paths.get(row.name, {}))
+            row.cell.extra["paths"] = cell_paths.get(row.name, {})
+        rerun_differing(to_run, by_name, root, args.timeout, args.reruns)
     finally:
         if notebook is not None:
             notebook.stop()
         shutil.rmtree(root, ignore_errors=True)
-
-    for row in to_run:
-        row.python.extra["paths"] = python_paths.get(row.name, {})
-        row.cell.extra["paths"] = cell_paths.get(row.name, {})
     report(rows, notebook.restarts if notebook else [], args.json, args.timeout)
     print(f"\n({time.time() - started:.0f} s)")
+
+
+def compare_row(row: Row) -> None:
+    if row.skipped or row.python.status != "ok" or row.cell.status != "ok":
+        return
+    runs = [normalise(row.python.text, row.python.extra.get("paths", {}))]
+    runs += [normalise(r["text"], r["paths"]) for r in row.python.extra.get("reruns", []) if r["status"] == "ok"]
+    cell_paths = row.cell.extra.get("paths", {})
+    logged = [line for text in row.cell.extra.get("log", []) for line in normalise(LOG_MARK.sub("", text), cell_paths)]
+    row.comparison = compare(runs[0], normalise(row.cell.text, cell_paths), logged, unstable(runs))
+
+
+#: How the cluster's log marks a line of a cell (``[In[5]] ``, ``[In[5], after it ended] ``), and one of Ray's
+#: records in the agent (``(driver) ``: its loggers in the script's process, which python prints plain).
+LOG_MARK = re.compile(r"^(\[[^\]]*\] )?(\(driver\) )?")
+
+
+def rerun_differing(rows: list[Row], paths: dict[str, Path], root: Path, timeout: float, reruns: int) -> None:
+    """Run ``python`` again, up to ``reruns`` times, for each script whose cell printed other lines: what its own
+    runs print differently is its chance, not the cell's (:func:`unstable`). Reruns saved already are reused."""
+    home = root / "home_python"
+    home.mkdir(exist_ok=True)
+    for row in rows:
+        compare_row(row)
+        done = row.python.extra.setdefault("reruns", [])
+        while row.comparison and row.comparison.same != "yes" and not row.comparison.because and len(done) < reruns:
+            again, again_paths = run_python(paths[row.name], root, home, timeout)
+            done.append({"status": again.status, "text": again.text, "paths": again_paths})
+            print(f"[python again] {row.name}: {again.status} {again.seconds:.1f}s", file=sys.stderr, flush=True)
+            compare_row(row)
 
 
 def report(rows: list[Row], restarts: list[str], out: Path | None, timeout: float) -> None:
     """Compare, print the table and the headline, and write ``out``."""
     for row in rows:
-        if not row.skipped and row.python.status == "ok" and row.cell.status == "ok":
-            row.comparison = compare(
-                normalise(row.python.text, row.python.extra.get("paths", {})),
-                normalise(row.cell.text, row.cell.extra.get("paths", {})),
-            )
+        compare_row(row)
     print(table(rows))
     print()
     print(headline(rows))
