@@ -90,7 +90,7 @@ def interrupts(kernel: Client, rounds: int) -> dict[str, float]:
         samples = []
         for _ in range(rounds):
             done = kernel.run(code, interrupt_on_output=True)
-            assert done["reply"]["ename"] == "KeyboardInterrupt", done["reply"]
+            assert done["reply"]["ename"] == "CellInterrupted", done["reply"]
             samples.append(done["seconds"])
         medians[name] = statistics.median(samples)
     samples = []

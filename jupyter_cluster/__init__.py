@@ -178,6 +178,15 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     Sidebar.install(ipython)
 
 
+def __getattr__(name: str) -> Any:
+    # The widgets' classes, imported when first asked for (they import ipywidgets and Bokeh).
+    if name in ("Dashboard", "Timeline"):
+        from . import widgets
+
+        return getattr(widgets, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AgentLostError",
     "CellInterrupted",
@@ -189,6 +198,7 @@ __all__ = [
     "ClusterConnectionError",
     "ClusterError",
     "ClusterStatus",
+    "Dashboard",
     "InputError",
     "LinkLostError",
     "MissingOutputError",
@@ -202,6 +212,7 @@ __all__ = [
     "SpaceError",
     "SyncError",
     "SyncResult",
+    "Timeline",
     "TrainResult",
     "TuneResult",
     "WaitTimeoutError",

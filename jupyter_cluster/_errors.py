@@ -15,17 +15,10 @@ import linecache
 import re
 from typing import Any
 
+from .agent._errors import ClusterError
 from .agent._execute import RemoteFailure, cell_filename
 
 RED, GREEN, CYAN, BOLD, RESET = "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[1m", "\x1b[0m"
-
-
-class ClusterError(Exception):
-    """Base of this package's own errors."""
-
-    def _render_traceback_(self) -> list[str]:
-        # What went wrong and what to do; the frames inside this package help no one.
-        return [f"{RED}{type(self).__name__}{RESET}: {self}"]
 
 
 class ClusterConnectionError(ClusterError, ConnectionError):
@@ -107,13 +100,11 @@ class WorkerDiedError(ClusterError):
 
 
 class CellInterrupted(KeyboardInterrupt):
-    """A remote cell stopped by an interrupt: what the notebook shows is this one line."""
+    """A remote cell stopped by an interrupt (a ``KeyboardInterrupt``, which ``except KeyboardInterrupt``
+    catches): what the notebook shows is this one line, under its own name, ``jc.CellInterrupted``."""
 
     def _render_traceback_(self) -> list[str]:
-        return [f"{RED}KeyboardInterrupt{RESET}: {self}"]
-
-
-CellInterrupted.__name__ = "KeyboardInterrupt"
+        return [f"{RED}CellInterrupted{RESET}: {self}"]
 
 
 class RemoteError(ClusterError):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ._handles import format_size, parse_size
+from .agent._errors import ClusterError
 
 #: What a sync sends at most unless told otherwise: Ray's working_dir is for code and data of a
 #: notebook's size (Ray itself refuses a package over its gRPC limit, 512 MiB).
@@ -89,7 +90,7 @@ class SyncOwner(Protocol):
     def _call(self, op: str, body: dict[str, Any] | None = None, timeout: float | None = 60.0) -> Any: ...
 
 
-class SyncError(ValueError):
+class SyncError(ClusterError, ValueError):
     """A folder that cannot be synced as it is: says why and what to do."""
 
 

@@ -19,7 +19,8 @@ def test_all_is_sorted_and_complete() -> None:
         for name, value in vars(jc).items()
         if not name.startswith("_") and name not in typing_names and not isinstance(value, types.ModuleType)
     }
-    assert public == set(jc.__all__)
+    # The widgets' two classes come from the module's __getattr__, when first asked for (hasattr above).
+    assert public == set(jc.__all__) - {"Dashboard", "Timeline"}
 
 
 def test_load_ext_imports_neither_ray_nor_numpy() -> None:

@@ -133,7 +133,7 @@ EXPECTED: dict[str, list[str]] = {
         "<RemoteCell the long job task",
         "object store 190.7 MiB used",  # the status card
         "running cells: 1",
-        "after cancel(): cancelled; KeyboardInterrupt: cancelled the remote cell (the long job, task)",
+        "after cancel(): cancelled; CellInterrupted: cancelled the remote cell (the long job, task)",
         "Stopped the embedded cluster.",
     ],
     "06-ddp-port.ipynb": [
