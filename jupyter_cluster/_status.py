@@ -139,7 +139,7 @@ class ClusterStatus:
                 store = f"{format_size(load['store_used'])} used of {store}"
             lines.append(
                 f"  {node['address']}{head}: {res.get('CPU', 0):g} CPU{_cpu_use(load)}, {res.get('GPU', 0):g} GPU, "
-                f"memory {format_size(res.get('memory', 0))}, object store {store}"
+                f"RAM {_ram(res, load)}, object store {store}"
             )
         avail = data["available"]
         lines.append(f"  available: {avail.get('CPU', 0):g} CPU, {avail.get('GPU', 0):g} GPU")
@@ -257,14 +257,24 @@ def _link(status: ClusterStatus) -> str:
 
 
 def _cpu_use(load: dict[str, Any]) -> str:
-    """`` (1.5 in use; host 57 % busy)``: the CPUs Ray's tasks and actors hold, then the host's load, named so (it
-    counts everything the machine runs)."""
+    """`` (1.5 in use, 0.5 free; host 57 % busy)``: the CPUs Ray's tasks and actors hold and those left (one read
+    of Ray's resource view: they add up to the node's), then the host's load, named so (it counts everything the
+    machine runs)."""
     parts = []
     if "CPU" in load.get("resources", {}):
-        parts.append(f"{load['resources']['CPU'][0]:g} in use")
+        used, total = load["resources"]["CPU"]
+        parts.append(f"{used:g} in use, {max(0.0, total - used):g} free")
     if "cpu" in load:
         parts.append(f"host {load['cpu']:.0f} % busy")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _ram(res: dict[str, Any], load: dict[str, Any]) -> str:
+    """The node's RAM, the same in the card's text and HTML: the host's use where Ray's metrics have it, else
+    what Ray lets tasks ask for (its ``memory`` resource)."""
+    if "mem_used" in load:
+        return f"{format_size(load['mem_used'])} used of {format_size(load.get('mem_total', 0))}"
+    return f"{format_size(res.get('memory', 0))} for tasks"
 
 
 def _node_row(node: dict[str, Any]) -> str:
@@ -275,7 +285,8 @@ def _node_row(node: dict[str, Any]) -> str:
         name += f' <span class="jc-muted">(metrics stale: {_e(load["stale"])})</span>'
     cpu = f"{res.get('CPU', 0):g}"
     if "CPU" in load.get("resources", {}):
-        cpu += f" · {load['resources']['CPU'][0]:g} in use"
+        used, total = load["resources"]["CPU"]
+        cpu += f" · {used:g} in use, {max(0.0, total - used):g} free"
     if "cpu" in load:
         cpu += f' <span class="jc-muted">(host {load["cpu"]:.0f} % busy)</span>'
 
@@ -286,10 +297,7 @@ def _node_row(node: dict[str, Any]) -> str:
     store = format_size(store_total)
     if "store_used" in load:
         store = f"{format_size(load['store_used'])} / {store}"
-    ram = format_size(res.get("memory", 0))
-    if "mem_used" in load:
-        ram = f"{format_size(load['mem_used'])} used of {format_size(load.get('mem_total', 0))}"
-    cells = (name, cpu, gpus, ram, store)
+    cells = (name, cpu, gpus, _ram(res, load), store)
     return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 

@@ -8,8 +8,7 @@ done, and ``%cluster dashboard`` draws. The sidebar is there but hidden, as ever
 in Notebook 7; View > Left Sidebar > "Show Ray cluster" (the command run here) shows it, with the
 link and the node. A screenshot goes to ``tests/artifacts/browser/notebook7.png``.
 
-In the slow tier, and skipped where ``notebook`` is not installed (no extra of pyproject.toml
-installs it): ``pip install notebook`` first.
+In the slow tier, and skipped where ``notebook`` is not installed (the ``test`` extra installs it).
 """
 
 from __future__ import annotations

@@ -138,6 +138,32 @@ def test_a_node_yet_to_report_its_resources_has_the_gcs_capacity(node: tuple[typ
     asyncio.run(scenario())
 
 
+def test_what_is_in_use_comes_from_the_gcs_resource_view_read_in_the_same_round(node: tuple[type[_Node], int]) -> None:
+    """Ray's gauges of resources and store bytes lag by seconds; the GCS's view of what each node has free is
+    current. A round reads it once and gives every shown node, and the cluster's totals, the same instant: in
+    use plus free is the total, and the store's bytes include what objects hold now."""
+    _, port = node
+    listing = _listing(port, ["a", "b"])
+    for entry in listing:
+        entry["Resources"] = {"CPU": 2.0, "object_store_memory": 1e9, "node:127.0.0.1": 1.0}
+    free = {"a": {"CPU": 0.5, "object_store_memory": 7.5e8}, "b": {"CPU": 2.0, "object_store_memory": 1e9}}
+
+    async def scenario() -> None:
+        sampler = MetricsSampler(
+            asyncio.get_running_loop(), list_nodes=lambda: listing, available=lambda: free, nodes_every=0
+        )
+        nodes = await sampler.sample()
+        assert nodes["a"]["resources"] == {"CPU": (1.5, 2.0), "object_store_memory": (2.5e8, 1e9)}
+        assert (nodes["a"]["store_used"], nodes["a"]["store_total"]) == (2.5e8, 1e9)
+        assert nodes["b"]["resources"]["CPU"] == (0.0, 2.0)
+        assert sampler.cluster["resources"]["CPU"] == (1.5, 4.0) and sampler.cluster["store_used"] == 2.5e8
+        free["a"] = {"CPU": 2.0, "object_store_memory": 1e9}  # the work ended: the next round says so
+        assert (await sampler.sample())["a"]["resources"]["CPU"] == (0.0, 2.0)
+        sampler.close()
+
+    asyncio.run(scenario())
+
+
 def test_rays_token_is_sent_where_one_is_at_hand(node: tuple[type[_Node], int], monkeypatch: Any) -> None:
     handler, port = node
     handler.token = "t0ken"

@@ -387,6 +387,45 @@ def test_remote_progress_bars_become_bars(kernel: Kernel) -> None:
 
 
 # ----------------------------------------------------------------------- status card
+def _one_instant(card: str) -> tuple[float, float, int, float]:
+    """From a status card's text: the CPUs in use, those free (the node's line and the "available" line must
+    agree), the running cells, and the object store's bytes used."""
+    node = re.search(r"(\d+) CPU \(([\d.]+) in use, ([\d.]+) free;", card)
+    assert node is not None, card
+    total, used, free = (float(x) for x in node.groups())
+    assert used + free == total, f"{used} in use and {free} free of {total} CPUs, in one card:\n{card}"
+    available = re.search(r"available: ([\d.]+) CPU", card)
+    assert available is not None and float(available.group(1)) == free, card
+    running = re.search(r"running cells: (\d+)", card)
+    store = re.search(r"object store ([\d.]+) (B|KiB|MiB|GiB) used of", card)
+    assert running is not None and store is not None, card
+    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[store.group(2)]
+    return used, free, int(running.group(1)), float(store.group(1)) * scale
+
+
+def test_one_status_card_is_one_instant(kernel: Kernel) -> None:
+    """The CPUs a card says are in use and those it says are free add up to the cluster's, while work runs and
+    after it ends; within 5 s of the end the card says nothing runs; the store's figure covers a value the
+    notebook put there (all from one read of Ray's resource view, not from gauges exported seconds apart)."""
+    kernel.ok("import numpy as np\nheld = jc.put(np.ones(8_000_000))")  # 61 MiB in the object store
+    kernel.ok(
+        "busy = jc.current().run_cell('import time\\ntime.sleep(6)', pending_handles=True, label='busy')\n"
+        "while busy.status != 'running':\n    time.sleep(0.1)"
+    )
+    used, _, running, store = _one_instant(_value(kernel, "str(jc.current().status())"))
+    assert (used, running) == (1.0, 1) and store >= 61 * 2**20, (used, running, store)
+    kernel.ok("busy.result()")
+    ended = time.monotonic()
+    while True:
+        used, _, running, store = _one_instant(_value(kernel, "str(jc.current().status())"))
+        if used == 0 and running == 0:
+            break
+        assert time.monotonic() - ended < 5, f"5 s after the cell's end: {used} CPU in use, {running} cells running"
+        time.sleep(0.5)
+    assert store >= 61 * 2**20
+    kernel.ok("del held")
+
+
 def test_the_status_card(kernel: Kernel) -> None:
     messages = kernel.ok("%cluster status")
     bundle = next(m["content"]["data"] for m in messages if m["msg_type"] == "display_data")
@@ -395,6 +434,6 @@ def test_the_status_card(kernel: Kernel) -> None:
     assert "(head)" in card and "used of" in card and "running cells: 0" in card, card
     assert "node(s)" in plain and "link: connected" in plain, plain
     # The CPUs Ray's work holds, then the host's load, named as the host's.
-    assert re.search(r"2 CPU \([\d.]+ in use; host \d+ % busy\)", plain), plain
+    assert re.search(r"2 CPU \([\d.]+ in use, [\d.]+ free; host \d+ % busy\)", plain), plain
     repr_html = _value(kernel, "'jc-status' in jc.current()._repr_html_()")
     assert repr_html is True

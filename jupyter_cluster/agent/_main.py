@@ -434,6 +434,10 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
             loads = {}
         for node in data["nodes"]:
             node["load"] = loads.get(node.get("id"))
+        # One instant: what is free is what the same read of the GCS found in use, not another read's.
+        summed = sampler.cluster.get("resources")
+        if summed:
+            data["available"] = {name: total - used for name, (used, total) in summed.items()}
         data["metrics_watchers"] = len(sampler.watchers)
         emit("done", data, final=True)
 

@@ -164,6 +164,7 @@ class MetricsSampler:
         nodes_every: float = 5.0,
         list_nodes: Callable[[], list[dict[str, Any]]] | None = None,
         session_name: Callable[[], str] | None = None,
+        available: Callable[[], dict[str, dict[str, float]]] | None = None,
         prometheus: str | None = None,
         budget: float = BUDGET,
     ) -> None:
@@ -183,6 +184,7 @@ class MetricsSampler:
         #: Rounds made, for tests and benchmarks.
         self.rounds = 0
         self._list_nodes = list_nodes or _ray_nodes
+        self._available = available or _ray_available
         self._session_name = session_name or _ray_session_name
         #: Where to look for a Prometheus server when none was given (Ray's own setting).
         self._default_prometheus = prometheus or os.environ.get(PROMETHEUS_ENV) or DEFAULT_PROMETHEUS
@@ -304,9 +306,50 @@ class MetricsSampler:
             else:
                 nodes, cluster, spent = self._scrape(endpoints)
                 source = {"kind": "scrape"}
+            self._overlay_gcs(nodes, cluster, endpoints)
             if source_now == self._source_id:  # a round of the source just replaced does not pace the new one
                 self._pace(time.thread_time() - started + spent)
             return nodes, cluster, {**source, "every": round(self.every, 2)}
+
+    def _overlay_gcs(self, nodes: dict[str, NodeSample], cluster: NodeSample, endpoints: dict[str, Endpoint]) -> None:
+        """The logical resources in use and the object store's bytes, from the GCS's resource view read now.
+
+        Ray's own ``ray_resources`` and object-store gauges are exported every few seconds, so beside the cells'
+        own counts (exact, at once) they lag; the GCS's view of what each node has free is current within half a
+        second, the store's bytes the notebook's values hold included. It replaces them on the shown nodes and
+        in the cluster's totals (all nodes, stamped ``resources_at``); the host's load (CPU %, memory, GPUs)
+        stays Ray's metrics'. One request a round, whatever the node count. Nodes the GCS does not list (extra
+        endpoints of a benchmark) keep their metrics."""
+        try:
+            free = self._available()
+        except Exception:
+            log.debug("no resource view from the GCS this round", exc_info=True)
+            return
+        if not free:
+            return
+        at = time.time()
+        summed: dict[str, tuple[float, float]] = {}
+        for node_id, endpoint in endpoints.items():
+            if node_id not in free or not endpoint.resources:
+                continue
+            view = {
+                name: (max(0.0, total - free[node_id].get(name, 0.0)), total)
+                for name, total in endpoint.resources
+                if not name.startswith("node:")
+            }
+            for name, (used, total) in view.items():
+                before = summed.get(name, (0.0, 0.0))
+                summed[name] = (before[0] + used, before[1] + total)
+            sample = nodes.get(node_id)
+            if sample is not None:
+                sample["resources"] = view
+                if "object_store_memory" in view:
+                    sample["store_used"], sample["store_total"] = view["object_store_memory"]
+        if summed:
+            cluster["resources"] = summed
+            if "object_store_memory" in summed:
+                cluster["store_used"], cluster["store_total"] = summed["object_store_memory"]
+            cluster["resources_at"] = at
 
     def _pace(self, cost: float) -> None:
         """Space rounds so that they take at most ``budget`` of a core (by a moving average of their CPU
@@ -469,6 +512,18 @@ def _ray_nodes() -> list[dict[str, Any]]:
     import ray
 
     return list(ray.nodes())
+
+
+def _ray_available() -> dict[str, dict[str, float]]:
+    """What each node has free now, by node id, as the GCS knows it (``{}`` where this process is no Ray driver)."""
+    ray: Any = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return {}
+    from ray._private import state
+
+    return {
+        str(node): {k: float(v) for k, v in free.items()} for node, free in state.available_resources_per_node().items()
+    }
 
 
 def _ray_session_name() -> str:

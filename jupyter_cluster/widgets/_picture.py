@@ -140,7 +140,7 @@ def _chart(chart: Chart, x0: float, y0: float, pw: float = PANEL_W, ph: float = 
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in good)
         opacity = ' stroke-opacity="0.55"' if line.faded else ""
         out.append(f'<polyline points="{path}" fill="none" stroke="{line.color}" stroke-width="1.8"{opacity}/>')
-        if len(good) == 1:
+        if len(good) == 1 and not line.end:  # a lone point; one with an end mark is drawn as that mark only
             x, y = good[0]
             out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{line.color}"/>')
         if line.end:
