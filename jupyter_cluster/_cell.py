@@ -115,8 +115,11 @@ class RemoteCell:
         self.node: str | None = None
         #: While Ray prepares the cell's runtime_env: what, for how long, its last log line.
         self.preparing: dict[str, Any] | None = None
-        #: ``--map``: items whose chunk has started (done ones included).
+        #: ``--map``: items whose chunk has started (done ones included), the chunks (Ray tasks) that have started,
+        #: and those that have ended.
         self.started_items = 0
+        self.started_tasks = 0
+        self.done_tasks = 0
         self.stdout = ""
         self.stderr = ""
         #: The notebook's thread waits on it (:meth:`events`): the kernel is busy until it ends.
@@ -147,6 +150,11 @@ class RemoteCell:
     def running_items(self) -> int:
         """``--map``: items started and not done yet."""
         return self.started_items - self.progress[0]
+
+    @property
+    def running_tasks(self) -> int:
+        """``--map``: the Ray tasks running its items now (a task runs a chunk of items, one after another)."""
+        return max(0, self.started_tasks - self.done_tasks)
 
     @property
     def cell_id(self) -> str:
@@ -256,8 +264,10 @@ class RemoteCell:
             self.status = "running"
             self.node = data.get("node")
             self.started_items += int(data.get("items", 1))
+            self.started_tasks += 1
         elif event == "progress":
             self.progress = (data["done"], data["total"])
+            self.done_tasks = int(data.get("tasks_done", self.done_tasks))
         elif event == "done":
             self.cluster._ledger.accepted(self._shipped)
             self._finish(data)

@@ -554,7 +554,7 @@ class ClusterMagics(Magics):
                     if event == "running" and cell.preparing is not None:
                         preparing.ready(cell.preparing["elapsed"])
                     if bar is not None:
-                        bar.update(done=cell.progress[0], running=cell.running_items)
+                        bar.update(done=cell.progress[0], running=cell.running_items, tasks=cell.running_tasks)
         except KeyboardInterrupt:
             if bar is not None:
                 bar.finish("cancelled", "interrupted")
@@ -637,7 +637,7 @@ class ClusterMagics(Magics):
                     else:
                         area.add(kind, item)
             elif event in ("progress", "running") and area.bar is not None:
-                area.bar.update(done=cell.progress[0], running=cell.running_items)
+                area.bar.update(done=cell.progress[0], running=cell.running_items, tasks=cell.running_tasks)
             elif event == "running":
                 area.state = _running(cell)
             elif event == "preparing":

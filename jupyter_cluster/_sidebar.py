@@ -497,6 +497,7 @@ def cell_state(cell: RemoteCell) -> dict[str, Any]:
         "submitted": cell.submitted,
         "finished": cell.finished,
         "progress": list(cell.progress) if cell.mode == "map" else None,
+        "tasks_running": cell.running_tasks if cell.mode == "map" else None,
         "foreground": cell.foreground and not cell.done(),
     }
 

@@ -96,10 +96,17 @@ def _later(delay: float, fn: Any) -> None:
 class ProgressBar(_Display):
     """Done / running / failed of ``total``, elapsed time and rate; ends as one line.
 
+    ``running``: the items being worked on (the bar's blue part); ``tasks``, where items run in chunks (a
+    ``--map`` cell's), the Ray tasks running them, which the caption counts instead: a 2-CPU cluster runs 2
+    tasks of 3 items each, not "6 running".
+
     >>> bar = ProgressBar(100, "jc.map(f)", show=False)
     >>> bar.update(done=40, running=8)
     >>> print(bar.text())  # doctest: +ELLIPSIS
-    jc.map(f): [################------------------------] 40/100 done, 8 running, 0 failed ...
+    jc.map(f): [################------------------------] 40/100 items done, 8 running, 0 failed ...
+    >>> bar.update(done=40, running=6, tasks=2)
+    >>> print(bar.text())  # doctest: +ELLIPSIS
+    jc.map(f): [################------------------------] 40/100 items done, 2 tasks running, 0 failed ...
     """
 
     WIDTH = 40
@@ -109,6 +116,7 @@ class ProgressBar(_Display):
         self.label = label
         self.unit = unit
         self.done = self.running = self.failed = 0
+        self.tasks: int | None = None
         self.started = time.monotonic()
         self.outcome: str | None = None
         self.detail = ""
@@ -119,13 +127,17 @@ class ProgressBar(_Display):
     def elapsed(self) -> float:
         return (self.ended or time.monotonic()) - self.started
 
-    def update(self, done: int | None = None, running: int | None = None, failed: int | None = None) -> None:
+    def update(
+        self, done: int | None = None, running: int | None = None, failed: int | None = None, tasks: int | None = None
+    ) -> None:
         if self.outcome is not None:
             return
         if done is not None:
             self.done = done
         if running is not None:
             self.running = max(0, min(running, self.total - self.done))
+        if tasks is not None:
+            self.tasks = max(0, tasks)
         if failed is not None:
             self.failed = failed
         self.redraw()
@@ -142,6 +154,7 @@ class ProgressBar(_Display):
         elif outcome == "done":
             self.done = max(self.done, self.total)
         self.running = 0
+        self.tasks = None if self.tasks is None else 0
         self.redraw(now=True)
 
     def on_wait(self, wanted: int | None = None) -> Callable[[str, Any], None]:
@@ -181,9 +194,15 @@ class ProgressBar(_Display):
         bar = "#" * filled + "-" * (self.WIDTH - filled)
         rate = _rate(self.done, self.elapsed, self.unit)
         return (
-            f"{self.label}: [{bar}] {self.done}/{self.total} done, {self.running} running, {self.failed} failed"
+            f"{self.label}: [{bar}] {self.done}/{self.total} {self.unit} done, {self._running()}, {self.failed} failed"
             f" · {elapsed(self.elapsed)}" + (f" · {rate}" if rate else "")
         )
+
+    def _running(self) -> str:
+        """What runs, named for what it counts: the tasks, where items run in chunks; else the items."""
+        if self.tasks is not None:
+            return f"{self.tasks} task{'' if self.tasks == 1 else 's'} running"
+        return f"{self.running} running"
 
     def bundle(self) -> dict[str, str]:
         text = self.text()
@@ -200,7 +219,7 @@ class ProgressBar(_Display):
         )
         rate = _rate(self.done, self.elapsed, self.unit)
         caption = (
-            f"{self.done}/{self.total} done · {self.running} running · {self.failed} failed · "
+            f"{self.done}/{self.total} {self.unit} done · {self._running()} · {self.failed} failed · "
             f"{elapsed(self.elapsed)}" + (f" · {rate}" if rate else "")
         )
         bar = (

@@ -78,7 +78,14 @@ export class CellsView extends SectionView {
     );
     if (cell.progress !== null) {
       const [done, all] = cell.progress;
-      main.append(element('span', 'jc-progress', `${done}/${all}`));
+      const tasks = cell.tasks_running;
+      const running =
+        isActive(cell) && tasks !== undefined && tasks !== null
+          ? ` · ${tasks} task${tasks === 1 ? '' : 's'} running`
+          : '';
+      main.append(
+        element('span', 'jc-progress', `${done}/${all} items${running}`)
+      );
     }
     const elapsed = element('span', 'jc-elapsed');
     main.append(elapsed);

@@ -77,6 +77,8 @@ export interface ICellState {
   finished: number | null;
   /** `--map` cells: items done, items in all. */
   progress: [number, number] | null;
+  /** `--map` cells: the Ray tasks running its items now (each runs a chunk of items). */
+  tasks_running?: number | null;
   /**
    * The notebook waits on it: the kernel is busy until it ends, so a comm message would
    * only be read after it. The panel cancels such a cell by interrupting the kernel.

@@ -133,6 +133,7 @@ export const cells: ICellsMessage = {
       submitted: T0 - 42,
       finished: null,
       progress: [3, 8],
+      tasks_running: 2,
       foreground: false
     },
     {
