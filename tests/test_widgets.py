@@ -293,9 +293,10 @@ def test_a_map_cell_shows_a_bar_to_the_end(kernel: Kernel) -> None:
     messages = kernel.ok("%%remote --map i in range(40)\nimport time\ntime.sleep(0.05)\ny = i")
     shown = _displays(messages)
     assert "0/40 items done" in shown[0], shown
-    # What runs is named for what it counts: the chunks' Ray tasks (two CPUs: two at most), not their items.
-    running = [re.search(r"/40 items done, (\d+) tasks? running", s) for s in shown[1:-1]]
-    assert any(running) and all(int(m.group(1)) <= 2 for m in running if m), shown
+    # What runs is named for what it counts: the chunks' Ray tasks (two CPUs: two, or for the moment between a
+    # chunk's end reaching the agent and the next one's start, three), not the items of the chunks started.
+    running = [int(m.group(1)) for m in (re.search(r"/40 items done, (\d+) tasks? running", s) for s in shown) if m]
+    assert running and max(running) <= 3 and min(running) <= 2, shown
     assert "40/40 items done in" in shown[-1] and "items/s" in shown[-1], shown
     html = _displays(messages, "text/html")
     assert 'class="jc-progress jc-done"' in html[-1]
