@@ -159,12 +159,50 @@ def test_the_dashboard_draws_by_stream_and_patch_only(kernel: Kernel) -> None:
     rows = _value(kernel, "sorted(set(m for _, m in dash.bars.data['y']))")
     assert {"CPU", "RAM", "object store", "GPU 0", "GPU 1", "GPU 1 memory"} <= set(rows), rows
     states = _value(kernel, "dict(zip(dash.states.data['y'], dash.states.data['count']))")
-    assert states[("actors", "alive")] >= 1 and states[("tasks", "running")] >= 0, states  # the output relay
+    assert states[("Ray actors", "alive")] >= 1 and states[("Ray tasks", "running")] >= 0, states  # simulated nodes'
+    assert states[("cells", "running")] == 0 and states[("map items", "running")] == 0, states
     kinds = _value(kernel, "sorted(set(events))")
     data_events = [k for k in kinds if k[0] in ("ColumnsStreamedEvent", "ColumnsPatchedEvent")]
     assert data_events, kinds
     assert ("ModelChangedEvent", "data") not in kinds and not any(k[0] == "ColumnDataChangedEvent" for k in kinds)
     assert _value(kernel, "len(resent)") == 1  # only for the view: samples stream and patch
+
+
+def test_the_dashboard_counts_the_cells_work_as_their_progress_bars_do(kernel: Kernel) -> None:
+    """The dashboard's work rows come from the same cells the progress bars and the sidebar read, at the tick
+    that draws the nodes: a running map's items, by what they are (done, in a running chunk, waiting), add up to
+    its items, and the map's own count agrees; within a refresh of its end, the rows say nothing runs."""
+    kernel.ok(
+        "dash3 = jc.dashboard()\n"
+        "job = jc.current().run_cell('import time\\ntime.sleep(0.4)\\ny = i', mode='map', map_over=('i', range(24)),"
+        " pending_handles=True, label='work')"
+    )
+    read = "(dict(zip(dash3.states.data['y'], dash3.states.data['count'])), job.progress[0], job.done())"
+    seen_running = False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        states, done, finished = _value(kernel, read)
+        items = [states["map items", g] for g in ("done", "running", "waiting")]
+        if finished:
+            break
+        if states["cells", "running"] == 1:
+            seen_running = True
+            assert sum(items) == 24, states  # every item counted once, by what it is
+            # The same cell's own count, read a moment later: never behind the dashboard's.
+            assert done >= states["map items", "done"], (states, done)
+        time.sleep(0.3)
+    assert seen_running, "the dashboard never showed the map running"
+    kernel.ok("job.result()")
+    states = _poll(
+        kernel,
+        "dict(zip(dash3.states.data['y'], dash3.states.data['count']))",
+        lambda st: st["cells", "running"] == 0,
+        timeout=3,
+    )
+    assert states["map items", "running"] == 0 and states["map items", "waiting"] == 0, states
+    snapshot = _value(kernel, "dash3.snapshot()")
+    assert "cells: 0 running, 0 queued" in snapshot, snapshot
+    kernel.ok("dash3.close()")
 
 
 def test_gpus_from_the_reporter_agents_metric_names(kernel: Kernel) -> None:

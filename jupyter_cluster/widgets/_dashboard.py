@@ -1,4 +1,4 @@
-"""The cluster dashboard: each node's load, the cluster over time, tasks and actors.
+"""The cluster dashboard: each node's load, the cluster over time, the cells' work beside Ray's tasks and actors.
 
 An ipywidget (``VBox``) holding a header line and one Bokeh layout through
 ``jupyter_bokeh``. It draws what :class:`~jupyter_cluster._feed.MetricsFeed` hands it,
@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets
@@ -34,9 +35,24 @@ COLORS = {
     "GPU memory": "#9d755d",
 }
 STALE = "#c8c8c8"
-STATES = {"tasks": "#4c78a8", "actors": "#b279a2"}
-#: The rows of the tasks-and-actors plot, fixed (so the plot never needs new rows): Ray's
-#: fine-grained states (``ray_tasks{State}``, ``ray_actors{State}``) summed into these.
+STATES = {"cells": "#59a14f", "map items": "#8cd17d", "Ray tasks": "#4c78a8", "Ray actors": "#b279a2"}
+#: The rows of the work plot, fixed (so the plot never needs new rows). The cells' own work first, counted from
+#: the agent's events as the cells' progress bars and the sidebar count it (the kernel's cells, read at the same
+#: tick); then what only Ray knows, from its gauges (a few seconds behind): every task and actor of the user's,
+#: those the cells' code started on its own included. A map's items and Ray's tasks are different things: a map
+#: of 24 items runs them in chunks, a Ray task each.
+WORK = (
+    ("cells", "running"),
+    ("cells", "queued"),
+    ("map items", "done"),
+    ("map items", "running"),
+    ("map items", "waiting"),
+    ("Ray tasks", "running"),
+    ("Ray tasks", "pending"),
+    ("Ray actors", "alive"),
+    ("Ray actors", "pending"),
+)
+#: Ray's fine-grained states (``ray_tasks{State}``, ``ray_actors{State}``) summed into these.
 GROUPS = {
     "tasks": ("pending", "running", "finished", "failed"),
     "actors": ("pending", "alive", "restarting", "dead"),
@@ -72,6 +88,31 @@ def state_groups(cluster: NodeSample, system: bool = False) -> dict[tuple[str, s
     return {key: max(0.0, round(count)) for key, count in groups.items()}
 
 
+def cells_work(cells: Iterable[Any]) -> dict[tuple[str, str], float]:
+    """The cells' own work, from the kernel's cells (what their progress bars and the sidebar show): cells
+    running and queued, and the running ``--map`` cells' items done, running (in a chunk that started) and
+    waiting (in a chunk yet to start)."""
+    work: dict[tuple[str, str], float] = dict.fromkeys(WORK[:5], 0.0)
+    for cell in cells:
+        if cell.done():
+            continue
+        work["cells", "queued" if cell.status == "queued" else "running"] += 1
+        if cell.mode == "map":
+            done, total = cell.progress
+            work["map items", "done"] += done
+            work["map items", "running"] += cell.running_items
+            work["map items", "waiting"] += max(0, total - cell.started_items)
+    return work
+
+
+def work_said(work: dict[tuple[str, str], float]) -> str:
+    """The work rows as one line: ``cells: 1 running, 0 queued; map items: ...; Ray tasks: ...``."""
+    kinds = dict.fromkeys(kind for kind, _ in WORK)
+    return "; ".join(
+        f"{kind}: " + ", ".join(f"{work.get((kind, g), 0.0):.0f} {g}" for k, g in WORK if k == kind) for kind in kinds
+    )
+
+
 def system_said(cluster: NodeSample) -> str:
     """The system's work now, apart from the user's (``system: 3 actors alive, 1 task running``), or ''."""
     groups = state_groups(cluster, system=True)
@@ -81,6 +122,15 @@ def system_said(cluster: NodeSample) -> str:
         if (count := groups.get((kind, group), 0.0))
     ]
     return "system: " + ", ".join(parts) if parts else ""
+
+
+def work_counts(cells: Iterable[Any], cluster: NodeSample) -> dict[tuple[str, str], float]:
+    """Every row of :data:`WORK`: the cells' own work and Ray's counts of the user's tasks and actors."""
+    groups = state_groups(cluster)
+    work = cells_work(cells)
+    for kind, group in WORK[5:]:
+        work[kind, group] = groups.get(("tasks" if kind == "Ray tasks" else "actors", group), 0.0)
+    return work
 
 
 _bokeh_loaded = False
@@ -136,9 +186,10 @@ def snapshot_html(
     labels: dict[str, str] | None = None,
     title: str = "",
     cluster: NodeSample | None = None,
+    notebook_cells: Iterable[Any] = (),
 ) -> str:
     """The cluster as one HTML table: what a dashboard shows, without a kernel (``cluster``: its
-    totals, when ``nodes`` are only those shown)."""
+    totals, when ``nodes`` are only those shown; ``notebook_cells``: the notebook's, for their work)."""
     labels = labels or {}
     head = "".join(f"<th>{h}</th>" for h in ("node", "CPU", "RAM", "object store", "GPUs"))
     rows = []
@@ -157,11 +208,7 @@ def snapshot_html(
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     cluster = cluster or totals(nodes.values())
-    groups = state_groups(cluster)
-    states = []
-    for kind, names in GROUPS.items():
-        counts = ", ".join(f"{g} {groups[kind, g]:.0f}" for g in names if groups.get((kind, g))) or "none"
-        states.append(f"{kind}: {counts}")
+    states = [work_said(work_counts(notebook_cells, cluster))]
     system = system_said(cluster)
     if system:
         states.append(f"{system} (Ray's libraries and jupyter_cluster's own, not counted above)")
@@ -200,7 +247,7 @@ class Dashboard(ipywidgets.VBox):
 
         self.bars = ColumnDataSource({"y": [], "frac": [], "text": [], "color": [], "node": []})
         self.series = ColumnDataSource({"t": [], "cpu": [], "gpu": [], "store": []})
-        rows = [(kind, group) for kind, names in GROUPS.items() for group in names]
+        rows = list(WORK)
         self.states = ColumnDataSource(
             {"y": rows, "count": [0.0] * len(rows), "text": ["0"] * len(rows), "color": [STATES[k] for k, _ in rows]}
         )
@@ -222,7 +269,7 @@ class Dashboard(ipywidgets.VBox):
         self.node_plot.ygrid.grid_line_color = None
 
         self.state_plot = figure(
-            title="The cells' tasks and actors",
+            title="The cells' work; Ray's tasks and actors",
             y_range=self._state_factors,
             x_range=DataRange1d(start=0, range_padding=0.25),
             width=320,
@@ -393,8 +440,9 @@ class Dashboard(ipywidgets.VBox):
         return bool(new["y"])
 
     def _draw_states(self) -> None:
-        """Patch the task and actor counts (their rows are all there from the start)."""
-        groups = state_groups(self.feed.totals())
+        """Patch the work counts (their rows are all there from the start): the cells' from the kernel's cells,
+        read now, at the tick that draws the nodes; Ray's from the same sample."""
+        groups = work_counts(list(self.cluster.cells.values()), self.feed.totals())
         patches: dict[str, list[tuple[int, Any]]] = {"count": [], "text": []}
         for index, key in enumerate(self.states.data["y"]):
             count = groups.get(key, 0.0)
@@ -414,7 +462,7 @@ class Dashboard(ipywidgets.VBox):
     def snapshot(self) -> str:
         """The dashboard as static HTML (what a notebook without a kernel shows)."""
         title = f"{self.cluster.kind}: {self._nodes_said()}"
-        return snapshot_html(self.feed.nodes, self.labels, title, self.feed.totals())
+        return snapshot_html(self.feed.nodes, self.labels, title, self.feed.totals(), list(self.cluster.cells.values()))
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         if not self.closed:
