@@ -85,6 +85,12 @@ def format_duration(seconds: float) -> str:
     return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+def format_metric(value: float) -> str:
+    """``0.9778``: how every view and result says a metric (4 significant digits), so that one metric shown in two
+    places (a run's widget, the sidebar) is one number."""
+    return f"{value:.4g}"
+
+
 class ObjectHandle:
     """A value held in the cluster's object store.
 

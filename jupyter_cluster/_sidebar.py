@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _cluster
 from ._feed import MetricsFeed
+from ._handles import format_metric
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -547,6 +548,8 @@ def run_state(run: Run) -> dict[str, Any]:
         "metric": metric,
         "mode": mode,
         "best": best,
+        # As the run's widget writes it (one formatter: a number shown twice is the same number).
+        "best_text": None if best is None else format_metric(best) if isinstance(best, float) else str(best),
         "counts": counts,
         "started": run.started,
         "finished": cell.finished,

@@ -19,6 +19,7 @@ from typing import Any
 
 import ipywidgets
 
+from .._handles import format_metric
 from ._dashboard import _plots, load_bokeh
 from ._picture import bundle
 from ._progress import _later, elapsed, in_current_cell
@@ -57,7 +58,7 @@ TABLE_STYLE = (
 
 def fmt(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return format_metric(value)
     return html.escape(str(value))
 
 

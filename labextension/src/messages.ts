@@ -106,6 +106,8 @@ export interface IRunState {
   mode: 'min' | 'max' | null;
   /** The best value of `metric` so far (Tune), or the last reported one (Train). */
   best: number | null;
+  /** `best` as the run's widget in the notebook writes it (4 significant digits). */
+  best_text?: string | null;
   /** Tune: trials by state; Train: workers by state. */
   counts: { [state: string]: number };
   started: number;

@@ -37,7 +37,7 @@ export function metricText(run: IRunState): string {
   if (run.metric === null || run.best === null) {
     return '';
   }
-  const value = formatMetric(run.best);
+  const value = run.best_text ?? formatMetric(run.best);
   if (run.kind === 'train') {
     return `last ${run.metric} ${value}`;
   }

@@ -211,6 +211,7 @@ export const runs: IRunsMessage = {
       metric: 'loss',
       mode: 'min',
       best: 0.123456,
+      best_text: '0.1235',
       counts: { running: 4, terminated: 2, error: 1, pending: 0 },
       started: T0 - 125,
       finished: null,

@@ -228,7 +228,7 @@ describe('RunsView', () => {
     const [tune, train] = rows(view, '.jc-run');
     expect(tune.dataset.runId).toBe('c-tune');
     expect(text(tune.querySelector('.jc-row-detail'))).toBe(
-      'best loss 0.123 (min) · 4 running · 2 done · 1 errored'
+      'best loss 0.1235 (min) · 4 running · 2 done · 1 errored'
     );
     expect(text(tune.querySelector('.jc-elapsed'))).toBe('2m 05s');
     expect(text(tune.querySelector('.jc-tag'))).toBe('tune');
