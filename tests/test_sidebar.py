@@ -387,6 +387,7 @@ def test_run_state_from_recorded_events() -> None:
     line = run_state(sweep)  # type: ignore[arg-type]
     # The best trial by its last result: b's 0.3 (a peaked at 0.5 in max mode, but its last is 0.4)
     assert line["best"] == 0.3 and line["counts"] == {"stopped": 1, "running": 1, "error": 1}
+    assert line["best_text"] == "0.3"  # as the run's widget writes it
     assert line["status"] == "running" and line["cell"] == "s-c9" and line["finished"] is None
     sweep.mode = "max"
     assert run_state(sweep)["best"] == 0.4  # type: ignore[arg-type]
