@@ -200,6 +200,7 @@ def test_the_dashboard_counts_the_cells_work_as_their_progress_bars_do(kernel: K
         timeout=3,
     )
     assert states["map items", "running"] == 0 and states["map items", "waiting"] == 0, states
+    assert states["map items", "done"] == 24, states  # the last map's items as it ended, as its result says
     snapshot = _value(kernel, "dash3.snapshot()")
     assert "cells: 0 running, 0 queued" in snapshot, snapshot
     kernel.ok("dash3.close()")

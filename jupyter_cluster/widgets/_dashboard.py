@@ -88,14 +88,16 @@ def state_groups(cluster: NodeSample, system: bool = False) -> dict[tuple[str, s
     return {key: max(0.0, round(count)) for key, count in groups.items()}
 
 
-def cells_work(cells: Iterable[Any]) -> dict[tuple[str, str], float]:
+def cells_work(cells: Iterable[Any], last_map: Any = None) -> dict[tuple[str, str], float]:
     """The cells' own work, from the kernel's cells (what their progress bars and the sidebar show): cells
     running and queued, and the running ``--map`` cells' items done, running (in a chunk that started) and
-    waiting (in a chunk yet to start)."""
+    waiting (in a chunk yet to start). Where no map runs, ``last_map``, the last one that ran, gives its items
+    as it ended (the numbers its result and its bar end with)."""
     work: dict[tuple[str, str], float] = dict.fromkeys(WORK[:5], 0.0)
+    cells = [cell for cell in cells if not cell.done()]
+    if last_map is not None and not any(cell.mode == "map" for cell in cells):
+        work["map items", "done"] = last_map.progress[0]
     for cell in cells:
-        if cell.done():
-            continue
         work["cells", "queued" if cell.status == "queued" else "running"] += 1
         if cell.mode == "map":
             done, total = cell.progress
@@ -124,10 +126,10 @@ def system_said(cluster: NodeSample) -> str:
     return "system: " + ", ".join(parts) if parts else ""
 
 
-def work_counts(cells: Iterable[Any], cluster: NodeSample) -> dict[tuple[str, str], float]:
+def work_counts(cells: Iterable[Any], cluster: NodeSample, last_map: Any = None) -> dict[tuple[str, str], float]:
     """Every row of :data:`WORK`: the cells' own work and Ray's counts of the user's tasks and actors."""
     groups = state_groups(cluster)
-    work = cells_work(cells)
+    work = cells_work(cells, last_map)
     for kind, group in WORK[5:]:
         work[kind, group] = groups.get(("tasks" if kind == "Ray tasks" else "actors", group), 0.0)
     return work
@@ -187,6 +189,7 @@ def snapshot_html(
     title: str = "",
     cluster: NodeSample | None = None,
     notebook_cells: Iterable[Any] = (),
+    last_map: Any = None,
 ) -> str:
     """The cluster as one HTML table: what a dashboard shows, without a kernel (``cluster``: its
     totals, when ``nodes`` are only those shown; ``notebook_cells``: the notebook's, for their work)."""
@@ -208,7 +211,7 @@ def snapshot_html(
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     cluster = cluster or totals(nodes.values())
-    states = [work_said(work_counts(notebook_cells, cluster))]
+    states = [work_said(work_counts(notebook_cells, cluster, last_map))]
     system = system_said(cluster)
     if system:
         states.append(f"{system} (Ray's libraries and jupyter_cluster's own, not counted above)")
@@ -243,6 +246,7 @@ class Dashboard(ipywidgets.VBox):
         self._rows: dict[str, dict[str, int]] = {}  # node id -> metric -> row index
         self._displays: list[Any] = []
         self._pictures: list[Any] = []
+        self._last_map: Any = None
         self._lock = threading.Lock()
 
         self.bars = ColumnDataSource({"y": [], "frac": [], "text": [], "color": [], "node": []})
@@ -442,7 +446,7 @@ class Dashboard(ipywidgets.VBox):
     def _draw_states(self) -> None:
         """Patch the work counts (their rows are all there from the start): the cells' from the kernel's cells,
         read now, at the tick that draws the nodes; Ray's from the same sample."""
-        groups = work_counts(list(self.cluster.cells.values()), self.feed.totals())
+        groups = work_counts(self._cells(), self.feed.totals(), self._last_map)
         patches: dict[str, list[tuple[int, Any]]] = {"count": [], "text": []}
         for index, key in enumerate(self.states.data["y"]):
             count = groups.get(key, 0.0)
@@ -462,7 +466,15 @@ class Dashboard(ipywidgets.VBox):
     def snapshot(self) -> str:
         """The dashboard as static HTML (what a notebook without a kernel shows)."""
         title = f"{self.cluster.kind}: {self._nodes_said()}"
-        return snapshot_html(self.feed.nodes, self.labels, title, self.feed.totals(), list(self.cluster.cells.values()))
+        return snapshot_html(self.feed.nodes, self.labels, title, self.feed.totals(), self._cells(), self._last_map)
+
+    def _cells(self) -> list[Any]:
+        """The cluster's cells now; the last ``--map`` cell seen is kept, to show its items as it ended."""
+        cells = list(self.cluster.cells.values())
+        maps = [cell for cell in cells if cell.mode == "map"]
+        if maps:
+            self._last_map = max(maps, key=lambda cell: cell.submitted)
+        return cells
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         if not self.closed:
