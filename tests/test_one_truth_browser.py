@@ -166,9 +166,8 @@ def test_the_views_of_a_map_cell_agree_at_every_instant(lab: Lab) -> None:
                 }
                 readings.append(reading)
                 if now - shot >= 1.0:
-                    page.screenshot(
-                        path=str(ARTIFACTS / f"one-truth-{len([*ARTIFACTS.glob('one-truth-*.png')]):02d}.png")
-                    )
+                    shots += 1
+                    page.screenshot(path=str(ARTIFACTS / f"one-truth-{shots:02d}.png"))
                     shot = now
                 if ended is None and f"{ITEMS}/{ITEMS} items done in" in bar:
                     ended = now
