@@ -134,7 +134,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_environment.py tests/test_widgets.py tests/test_chatter.py tests/test_wheel.py"
+    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_one_truth_browser.py tests/test_environment.py tests/test_widgets.py tests/test_chatter.py tests/test_wheel.py"
 )
 ignore=()
 pids=()
