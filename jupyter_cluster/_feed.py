@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,8 @@ class MetricsFeed:
             if "source" in data:
                 self.source = data["source"]
             self.deltas += 1
+            #: When the last sample came, by this kernel's clock (the agent's ``t`` is the head's, which may differ).
+            self.received = time.time()
             self.history.append((data["t"], self.totals()))
             self._first.set()
             self._tell("metrics", data)

@@ -422,8 +422,14 @@ class Sidebar:
         if part in ("link", "rtt"):
             return {"type": "link", "link": link_state(cluster) if cluster is not None else None}
         if part == "nodes":
-            nodes = self._feed.nodes if self._feed is not None else {}
-            return {"type": "nodes", "t": time.time(), "nodes": [node_state(i, n) for i, n in sorted(nodes.items())]}
+            feed = self._feed
+            nodes = feed.nodes if feed is not None else {}
+            # How old the figures are as they leave (by this kernel's clock: the head's and the browser's may
+            # differ): the panel greys them, with their age, once that and their time on its side pass 2 s.
+            received = getattr(feed, "received", None)
+            age = max(0.0, time.time() - received) if received is not None else 0.0
+            nodes_state = [node_state(i, n) for i, n in sorted(nodes.items())]
+            return {"type": "nodes", "t": time.time(), "age": round(age, 2), "nodes": nodes_state}
         with self._lock:
             if part == "cells":
                 running = sorted(self.cells.values(), key=lambda c: c.submitted, reverse=True)

@@ -143,6 +143,8 @@ export interface ILinkMessage {
 export interface INodesMessage {
   type: 'nodes';
   t: number;
+  /** How old the figures were as the kernel sent them (seconds, by the kernel's clock). */
+  age?: number;
   nodes: INodeState[];
 }
 

@@ -110,7 +110,8 @@ export class ClusterModel {
         break;
       case 'nodes':
         this._nodes = msg.nodes;
-        this._nodesTime = msg.t;
+        // When the figures were true, by this browser's clock (the kernel's may differ): arrival less their age.
+        this._nodesTime = Date.now() / 1000 - (msg.age ?? 0);
         break;
       case 'cells':
         this._cells = msg.cells;

@@ -2,13 +2,18 @@
  * The cluster's nodes, one row each, with bars for CPU, GPU, RAM and object store.
  */
 
-import { formatBytes, formatNumber, percent } from './format';
+import { Message } from '@lumino/messaging';
+
+import { formatBytes, formatDuration, formatNumber, percent } from './format';
 import { IBar, INodeState } from './messages';
 import { ClusterModel } from './model';
 import { SectionView, element, emptyLine } from './section';
 
 /** A bar fills up in this warning colour from this share on (percent). */
 const HIGH = 90;
+
+/** Figures older than this (seconds) are greyed, with their age: the kernel samples once a second. */
+export const STALE_AFTER = 2;
 
 /**
  * One row per node: its address ("head" marked), then four bars. A node that left the
@@ -21,10 +26,63 @@ export class NodesView extends SectionView {
 
   protected render(model: ClusterModel): void {
     const rows = model.nodes.map(node => nodeRow(node));
+    this._age.className = 'jc-nodes-age';
+    this._sampled = rows.length > 0 ? model.nodesTime : null;
     this.body.replaceChildren(
-      ...(rows.length > 0 ? rows : [emptyLine('Waiting for the nodes…')])
+      ...(rows.length > 0
+        ? [...rows, this._age]
+        : [emptyLine('Waiting for the nodes…')])
     );
+    this.showAge();
+    this._updateClock();
   }
+
+  /**
+   * Grey the bars, and say how old they are, once their figures are older than
+   * STALE_AFTER seconds (the link is down, the kernel is busy): a number on screen is
+   * either current or says its age.
+   */
+  showAge(at: number = Date.now() / 1000): void {
+    const age = this._sampled === null ? 0 : at - this._sampled;
+    const stale = age > STALE_AFTER;
+    this.body.classList.toggle('jc-nodes-stale', stale);
+    this._age.hidden = !stale;
+    this._age.textContent = stale ? `as of ${formatDuration(age)} ago` : '';
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this._updateClock();
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    this._stopClock();
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this._stopClock();
+    super.onBeforeDetach(msg);
+  }
+
+  private _updateClock(): void {
+    if (this._sampled === null || !this.isVisible) {
+      this._stopClock();
+    } else if (this._timer === null) {
+      this._timer = window.setInterval(() => this.showAge(), 1000);
+    }
+  }
+
+  private _stopClock(): void {
+    if (this._timer !== null) {
+      window.clearInterval(this._timer);
+      this._timer = null;
+    }
+  }
+
+  private _age = document.createElement('div');
+  private _sampled: number | null = null;
+  private _timer: number | null = null;
 }
 
 function nodeRow(node: INodeState): HTMLElement {

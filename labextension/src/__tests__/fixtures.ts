@@ -83,6 +83,7 @@ export const linkNone: ILinkMessage = { type: 'link', link: null };
 export const nodes: INodesMessage = {
   type: 'nodes',
   t: T0 + 5,
+  age: 0.5,
   nodes: [
     {
       id: 'a1b2c3',

@@ -94,6 +94,26 @@ describe('NodesView', () => {
     comm.receive({ ...fx.nodes, nodes: fx.nodes.nodes.slice(0, 1) });
     expect(rows(view, '.jc-node')).toHaveLength(1);
   });
+
+  it('greys figures older than two seconds and says their age', () => {
+    jest.useFakeTimers({ doNotFake: ['queueMicrotask', 'nextTick'] });
+    jest.setSystemTime(fx.T0 * 1000);
+    const { view, comm } = show(new NodesView());
+    comm.receive({ ...fx.nodes, age: 0 });
+    const body = view.node.querySelector<HTMLElement>('.jc-section-body')!;
+    const age = view.node.querySelector<HTMLElement>('.jc-nodes-age')!;
+    view.showAge(fx.T0 + 1);
+    expect(body.classList).not.toContain('jc-nodes-stale');
+    expect(age.hidden).toBe(true);
+    view.showAge(fx.T0 + 7);
+    expect(body.classList).toContain('jc-nodes-stale');
+    expect(age.hidden).toBe(false);
+    expect(text(age)).toBe('as of 7s ago');
+    jest.setSystemTime((fx.T0 + 7) * 1000);
+    comm.receive({ ...fx.nodes, age: 0.5 }); // a new sample, half a second old: current again
+    view.showAge(fx.T0 + 7.5);
+    expect(body.classList).not.toContain('jc-nodes-stale');
+  });
 });
 
 describe('CellsView', () => {
