@@ -296,6 +296,8 @@ class RemoteCell:
         self._future.set_exception(error)
 
     def _finish(self, data: dict[str, Any]) -> None:
+        # One end time for every view: the result's elapsed, the bar's last line, the sidebar's row.
+        ended = time.time()
         handles: dict[str, str] = data.get("handles", {})
         if "map" in data:
             chunks: list[MapChunk] = data["map"].load()
@@ -314,10 +316,10 @@ class RemoteCell:
                 self._fail(error)
             return
         if "map" in data:
-            result = self._map_result(chunks)
+            result = self._map_result(chunks, ended)
             absent = {n for c in chunks for n, out in c.outputs.items() if "missing" in out.kinds()}
         else:
-            result = CellResult(elapsed=time.time() - self.submitted, node=outcome.node)
+            result = CellResult(elapsed=ended - self.submitted, node=outcome.node)
             unloadable: dict[str, str] = {}
             for name, info in outcome.outputs.items():
                 value = self._output(name, info, outcome.node, result, unloadable)
@@ -346,13 +348,13 @@ class RemoteCell:
             keep.update(v.id for v in items if isinstance(v, ObjectHandle))
         self.cluster._release_many(h for h in handles.values() if h not in keep)
         self.status = "done"
-        self.finished = time.time()
+        self.finished = ended
         self._future.set_result(result)
 
-    def _map_result(self, chunks: list[MapChunk]) -> CellResult:
+    def _map_result(self, chunks: list[MapChunk], ended: float) -> CellResult:
         """A ``--map`` cell's result: each output a list in item order (read chunk by chunk, item by item:
         this runs once per item, so it stays plain)."""
-        result = CellResult(elapsed=time.time() - self.submitted, node=chunks[0].node if chunks else "")
+        result = CellResult(elapsed=ended - self.submitted, node=chunks[0].node if chunks else "")
         unloadable: dict[str, str] = {}
         count = sum(c.count for c in chunks)
         for name in self.spec.outputs:

@@ -583,11 +583,11 @@ class ClusterMagics(Magics):
             if bar is not None:
                 outcome = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"
                 bar.update(failed=1 if outcome == "failed" else 0)
-                bar.finish(outcome, _first_line(exc))
+                bar.finish(outcome, _first_line(exc), took=_took(cell))
             raise
         bars.close()
         if bar is not None:
-            bar.finish("done")
+            bar.finish("done", took=result.elapsed)
         return self._bind(result, ns)
 
     @staticmethod
@@ -669,6 +669,11 @@ class ClusterMagics(Magics):
             return f"{total}/{total} items done in {result.elapsed:.2f} s{rate}; bound {names}{warnings}"
         where = f" on {cell.node}" if cell.node else ""
         return f"done in {result.elapsed:.2f} s{where}; bound {names}{warnings}"
+
+
+def _took(cell: RemoteCell) -> float | None:
+    """How long the cell ran, by its own clock (what its result and the sidebar say), once it has ended."""
+    return cell.finished - cell.submitted if cell.finished is not None else None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -142,13 +142,18 @@ class ProgressBar(_Display):
             self.failed = failed
         self.redraw()
 
-    def finish(self, outcome: str = "done", detail: str = "", done: int | None = None) -> None:
+    def finish(
+        self, outcome: str = "done", detail: str = "", done: int | None = None, took: float | None = None
+    ) -> None:
         """End as one line: ``done``, ``failed`` or ``cancelled``, with ``detail`` (why);
-        ``done``: how many ended (all of them when it is done and this is not given)."""
+        ``done``: how many ended (all of them when it is done and this is not given); ``took``: how long the work
+        took, where it has a time of its own (a cell's, which its result and the sidebar show too)."""
         if self.outcome is not None:
             return
         self.outcome, self.detail = outcome, detail
         self.ended = time.monotonic()
+        if took is not None:
+            self.started = self.ended - took
         if done is not None:
             self.done = done
         elif outcome == "done":

@@ -4,7 +4,7 @@
 
 import { Message } from '@lumino/messaging';
 
-import { formatDuration } from './format';
+import { formatDuration, formatTook } from './format';
 import { ICellState } from './messages';
 import { ClusterModel } from './model';
 import { SectionView, button, element, emptyLine } from './section';
@@ -100,7 +100,7 @@ export class CellsView extends SectionView {
       );
       main.append(cancel);
     } else {
-      elapsed.textContent = formatDuration(
+      elapsed.textContent = formatTook(
         (cell.finished ?? cell.submitted) - cell.submitted
       );
     }

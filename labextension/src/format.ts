@@ -45,6 +45,22 @@ export function formatDuration(seconds: number): string {
   return `${secs}s`;
 }
 
+/**
+ * How long finished work took, as the notebook's own views and results write it (the kernel's
+ * `format_duration`): "4.2 s", "3 min 07 s", "2 h 05 min". One duration, one text, wherever it is shown.
+ */
+export function formatTook(seconds: number): string {
+  if (seconds < 60) {
+    return `${Math.max(0, seconds).toFixed(1)} s`;
+  }
+  const total = Math.floor(seconds);
+  const minutes = Math.floor(total / 60);
+  if (minutes < 60) {
+    return `${minutes} min ${pad(total % 60)} s`;
+  }
+  return `${Math.floor(minutes / 60)} h ${pad(minutes % 60)} min`;
+}
+
 /** The local time of day of an epoch time in seconds: "14:02:03". */
 export function formatClock(epochSeconds: number): string {
   const date = new Date(epochSeconds * 1000);

@@ -2,6 +2,7 @@ import {
   formatBytes,
   formatClock,
   formatDuration,
+  formatTook,
   formatMetric,
   formatNumber,
   percent
@@ -22,6 +23,17 @@ describe('formatBytes', () => {
     [-5, '0 B']
   ])('writes %p bytes as %p', (bytes, text) => {
     expect(formatBytes(bytes)).toBe(text);
+  });
+});
+
+describe('formatTook', () => {
+  it.each([
+    [4.24, '4.2 s'],
+    [0, '0.0 s'],
+    [187.5, '3 min 07 s'],
+    [7500, '2 h 05 min']
+  ])('%p seconds: %p, as the kernel writes it', (seconds, text) => {
+    expect(formatTook(seconds)).toBe(text);
   });
 });
 

@@ -144,7 +144,7 @@ describe('CellsView', () => {
     );
     expect(text(queued.querySelector('.jc-row-detail'))).toBe('actor counter');
     expect(done.classList).toContain('jc-status-done');
-    expect(text(done.querySelector('.jc-elapsed'))).toBe('3m 07s');
+    expect(text(done.querySelector('.jc-elapsed'))).toBe('3 min 07 s');
     expect(failed.classList).toContain('jc-status-failed');
     expect(text(failed.querySelector('.jc-cell-label'))).toBe('jc.tune(train)');
 
@@ -163,7 +163,7 @@ describe('CellsView', () => {
     expect(elapsed()).toBe('44s');
     expect(
       text(view.node.querySelector('[data-cell-id="c-done"] .jc-elapsed'))
-    ).toBe('3m 07s');
+    ).toBe('3 min 07 s');
     view.hide();
     jest.advanceTimersByTime(5000);
     expect(elapsed()).toBe('44s');
