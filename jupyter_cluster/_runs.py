@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from . import _views
 from ._errors import CellInterrupted, ClusterError, InputError, RemoteError, remote_error
-from ._handles import format_duration
+from ._handles import format_duration, format_metric
 from .agent._runs import flat
 from .agent._space import SpaceError, check
 
@@ -191,7 +191,7 @@ class TuneResult:
 
 
 def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return format_metric(value) if isinstance(value, float) else str(value)
 
 
 # -------------------------------------------------------------------------- runs
