@@ -70,7 +70,9 @@ one side has and the other lacks is one of them:
   cluster does not give (``num_cpus=4`` on a 2-CPU cluster), which the product prints by design.
 - *log*: a line python printed that the cell put in the cluster's log (``%cluster logs``, read
   after each cell) instead: Ray's own records in its workers (Train's and Tune's loggers), which a
-  cell keeps out by design, and lines that came after the cell ended.
+  cell keeps out by design, and lines that came after the cell ended; and the further lines of a
+  record of Ray's loggers that python printed over several lines (its first line, with the time and
+  level, is dropped as Ray's above; :func:`record_tails`).
 - *once*: a ``RayDeprecationWarning`` (with its source line) that python printed again at another
   line where the cell printed it once. Ray shows each once per module; python's process shows it
   again only because a module Ray imports on first use changed its warning filters in between.
@@ -182,6 +184,7 @@ CONTINUATION = re.compile(
     r"[\w.]+(Error|Exception|Exit|Interrupt)\b)"
 )
 TIME_WORD = re.compile(r"time", re.IGNORECASE)
+PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
 INTEGER = re.compile(r"(?<![\w<])\d+(?![\w>])")
 
 MASKS: list[tuple[re.Pattern[str], str]] = [
@@ -821,7 +824,27 @@ def compare_row(row: Row) -> None:
     runs += [normalise(r["text"], r["paths"]) for r in row.python.extra.get("reruns", []) if r["status"] == "ok"]
     cell_paths = row.cell.extra.get("paths", {})
     logged = [line for text in row.cell.extra.get("log", []) for line in normalise(LOG_MARK.sub("", text), cell_paths)]
+    stderr = row.python.extra.get("stderr", "")
+    logged += [line for text in record_tails(stderr) for line in normalise(text, row.python.extra.get("paths", {}))]
     row.comparison = compare(runs[0], normalise(row.cell.text, cell_paths), logged, unstable(runs))
+
+
+def record_tails(stderr: str) -> list[str]:
+    """The lines of python's stderr that continue one of Ray's log records: a record's message of several lines
+    (Ray Train's ``A run snapshot was found …`` and the two sentences after it) is one record, whose first line
+    alone has the logger's time and level. They count as Ray's records, which a cell keeps out (not in a cell,
+    and in the cluster's log where the agent's loggers log that level), like that first line. A record ends at the
+    next record, a line of Ray's C++ core, a worker's line, or a Python warning (``path:12: SomeWarning: …``)."""
+    tails, inside = [], False
+    for raw in ANSI.sub("", stderr).splitlines():
+        line = raw.rstrip()
+        if RAY_LOGGER.match(line) or RAY_CORE.match(line):
+            inside = True
+        elif not line.strip() or PREFIX.match(line) or RAY_PROCESS.match(line) or PY_WARNING.match(line):
+            inside = False
+        elif inside:
+            tails.append(line)
+    return tails
 
 
 #: How the cluster's log marks a line of a cell (``[In[5]] ``, ``[In[5], after it ended] ``), and one of Ray's
