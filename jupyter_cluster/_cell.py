@@ -267,7 +267,8 @@ class RemoteCell:
             self.started_tasks += 1
         elif event == "progress":
             self.progress = (data["done"], data["total"])
-            self.done_tasks = int(data.get("tasks_done", self.done_tasks))
+        elif event == "chunk_ended":  # a --map chunk's task is over (its worker says so before starting another)
+            self.done_tasks += 1
         elif event == "done":
             self.cluster._ledger.accepted(self._shipped)
             self._finish(data)

@@ -550,7 +550,7 @@ class ClusterMagics(Magics):
                     preparing.show(data)
                 elif event == "link":
                     print(_link_message(data), file=sys.stderr, flush=True)
-                elif event in ("progress", "running"):
+                elif event in ("progress", "running", "chunk_ended"):
                     if event == "running" and cell.preparing is not None:
                         preparing.ready(cell.preparing["elapsed"])
                     if bar is not None:
@@ -636,7 +636,7 @@ class ClusterMagics(Magics):
                         _display(item, raw=True)
                     else:
                         area.add(kind, item)
-            elif event in ("progress", "running") and area.bar is not None:
+            elif event in ("progress", "running", "chunk_ended") and area.bar is not None:
                 area.bar.update(done=cell.progress[0], running=cell.running_items, tasks=cell.running_tasks)
             elif event == "running":
                 area.state = _running(cell)

@@ -173,12 +173,11 @@ class MapCells:
                 else:
                     chunks[index] = result
                     cell.done_items += result.count
-                    cell.done_tasks += 1
                     if result.failure is not None:
                         failure.append(item_failure(result.failure, result.start + result.failed_at))
             if failure:
                 waiter.stop()
-            cell.emit("progress", {"done": cell.done_items, "total": cell.total_items, "tasks_done": cell.done_tasks})
+            cell.emit("progress", {"done": cell.done_items, "total": cell.total_items})
 
         waiter = ChunkWaiter(runner.loop, cell.refs, on_batch)
         await waiter.ended

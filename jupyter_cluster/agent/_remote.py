@@ -103,11 +103,14 @@ def _relay_sink(spec: CellSpec, stream: int = 0) -> Any:
 ANNOUNCE_WAIT = 2.0
 
 
-def announce(spec: CellSpec, stream: int = 0, items: int = 1) -> None:
-    """Tell the notebook that the cell (or a ``--map`` chunk of ``items``) runs now, and where.
+def announce(spec: CellSpec, stream: int = 0, items: int = 1, event: str = "running") -> None:
+    """Tell the notebook that the cell (or a ``--map`` chunk of ``items``) runs now, and where; with ``event``
+    ``"chunk_ended"``, that the chunk's task is over.
 
-    A batch with index -1 on the relay: the agent routes it as a ``running`` event."""
-    ref = _relay_sink(spec, stream)(-1, [("running", {"node": node_ip(), "items": items, "pid": os.getpid()})])
+    A batch with index -1 on the relay: the agent routes it as an event of that name. The relay takes one
+    worker's calls in order, so a chunk's end reaches the notebook before the next chunk that worker starts: its
+    count of running tasks never has both."""
+    ref = _relay_sink(spec, stream)(-1, [(event, {"node": node_ip(), "items": items, "pid": os.getpid()})])
     try:
         ray.get(ref, timeout=ANNOUNCE_WAIT)
     except ray.exceptions.GetTimeoutError:  # the relay is slow: the cell need not wait for it
@@ -168,6 +171,7 @@ def run_map_chunk(spec_bytes: bytes, chunk: int, start: int, items: list[Any], *
             elif info is None or info.kind != "inline":
                 value = None
             kept.append(value)
+    announce(spec, chunk, len(items), "chunk_ended")
     return (result, *lists) if lists else result
 
 

@@ -42,8 +42,6 @@ class RunningCell:
     streams: CellStreams | None = None
     started: float = field(default_factory=time.time)
     done_items: int = 0
-    #: ``--map``: its chunks (one Ray task each) that have ended.
-    done_tasks: int = 0
     total_items: int = 1
     #: What killed its worker, when the agent stopped it for that (see ``CellRunner._watch_deaths``).
     death: str = ""

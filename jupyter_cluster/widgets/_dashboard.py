@@ -273,11 +273,11 @@ class Dashboard(ipywidgets.VBox):
         self.node_plot.ygrid.grid_line_color = None
 
         self.state_plot = figure(
-            title="The cells' work; Ray's tasks and actors",
+            title="The cells' work, then Ray's counts",
             y_range=self._state_factors,
             x_range=DataRange1d(start=0, range_padding=0.25),
             width=320,
-            height=60 + 20 * len(rows),
+            height=60 + 26 * len(rows),  # a group's label (rotated) fits beside its two rows
             toolbar_location=None,
             name="states",
         )
@@ -286,6 +286,7 @@ class Dashboard(ipywidgets.VBox):
             x="count", y="y", text="text", source=self.states, text_font_size="9pt", text_baseline="middle", x_offset=3
         )
         self.state_plot.ygrid.grid_line_color = None
+        self.state_plot.yaxis.group_text_font_size = "8pt"
 
         self.time_plot = figure(
             title=f"Cluster, last {window / 60:g} min (%)",

@@ -81,7 +81,7 @@ export class CellsView extends SectionView {
       const tasks = cell.tasks_running;
       const running =
         isActive(cell) && tasks !== undefined && tasks !== null
-          ? ` · ${tasks} task${tasks === 1 ? '' : 's'} running`
+          ? ` · ${tasks} task${tasks === 1 ? '' : 's'}`
           : '';
       main.append(
         element('span', 'jc-progress', `${done}/${all} items${running}`)

@@ -135,9 +135,7 @@ describe('CellsView', () => {
     const [map, fg, queued, done, failed] = cells;
     expect(map.classList).toContain('jc-status-running');
     expect(text(map.querySelector('.jc-badge'))).toBe('running');
-    expect(text(map.querySelector('.jc-progress'))).toBe(
-      '3/8 items · 2 tasks running'
-    );
+    expect(text(map.querySelector('.jc-progress'))).toBe('3/8 items · 2 tasks');
     expect(text(map.querySelector('.jc-elapsed'))).toBe('42s');
     expect(text(fg.querySelector('.jc-row-detail'))).toBe(
       'task · 10.0.0.2 · the notebook waits on it'
