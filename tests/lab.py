@@ -153,6 +153,30 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory, log_name: str = "lab.lo
         (ARTIFACTS / log_name).write_bytes(lab.log.read_bytes())
 
 
+def open_notebook(browser: Any, lab: Lab, notebook: str, console: list[str], viewport: dict[str, int]) -> Any:
+    """A page of ``browser`` on ``notebook`` in ``lab``, its console and page errors kept in ``console``, once
+    JupyterLab has started and the notebook's kernel is idle (cells sent before that are dropped)."""
+    page = browser.new_page(viewport=viewport)
+    page.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
+    page.goto(f"{lab.url}/lab/tree/{notebook}?reset&token={lab.token}", timeout=60_000)
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+    page.wait_for_function(KERNEL_IDLE_JS, arg=notebook, timeout=60_000)
+    return page
+
+
+def screenshot_failed(page: Any, name: str) -> None:
+    """Keep the page as it was when a browser test failed (``tests/artifacts/browser/NAME``), if it can be."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    if page is None:
+        return
+    try:
+        page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+    except PlaywrightError:
+        pass
+
+
 def execute(page: Any, command: str, timeout: float = 30.0) -> Any:
     """Run a JupyterLab command in the page, with a timeout of our own (the promise has none)."""
     return page.evaluate(

@@ -23,18 +23,20 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from .lab import (
     ARTIFACTS,
     CHROMIUM,
-    KERNEL_IDLE_JS,
     LAST_CELL_RAN_JS,
     Lab,
     console_problems,
     execute,
     lab_server,
+    open_notebook,
+    screenshot_failed,
 )
 
 NOTEBOOK = "dashboard.ipynb"
@@ -127,14 +129,9 @@ def test_dashboard_and_progress_in_jupyterlab(lab: Lab) -> None:
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        page = browser.new_page(viewport={"width": 1400, "height": 1400})
-        page.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
-        page.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
+        page: Any = None
         try:
-            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}", timeout=60_000)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-            # Cells sent before the kernel is idle are dropped: wait for it.
-            page.wait_for_function(KERNEL_IDLE_JS, arg=NOTEBOOK, timeout=60_000)
+            page = open_notebook(browser, lab, NOTEBOOK, console, {"width": 1400, "height": 1400})
             started = time.monotonic()
             # Its promise settles once every cell has run: False when one failed (the rest are then skipped).
             if execute(page, "notebook:run-all-cells", timeout=180) is not True:
@@ -178,10 +175,7 @@ def test_dashboard_and_progress_in_jupyterlab(lab: Lab) -> None:
             assert drawn["cpu_blue"] >= 50, drawn  # the CPU bar, line and legend entry
             assert not console_problems(console), report()
         except (AssertionError, PlaywrightError) as exc:
-            try:
-                page.screenshot(path=str(ARTIFACTS / "page-failed.png"), full_page=True)
-            except PlaywrightError:
-                pass
+            screenshot_failed(page, "page-failed.png")
             raise AssertionError(f"{exc}\n{report()}") from exc
         finally:
             report()
@@ -226,13 +220,9 @@ def test_training_and_trial_widgets_in_jupyterlab(lab: Lab) -> None:
     console: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        page.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
-        page.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
+        page: Any = None
         try:
-            page.goto(f"{lab.url}/lab/tree/{RUNS_NOTEBOOK}?reset&token={lab.token}", timeout=60_000)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-            page.wait_for_function(KERNEL_IDLE_JS, arg=RUNS_NOTEBOOK, timeout=60_000)
+            page = open_notebook(browser, lab, RUNS_NOTEBOOK, console, {"width": 1400, "height": 1600})
             if execute(page, "notebook:run-all-cells", timeout=240) is not True:
                 errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
                 raise AssertionError("a cell failed:\n" + "\n".join(errors.all_inner_texts())[-3000:])
@@ -262,10 +252,7 @@ def test_training_and_trial_widgets_in_jupyterlab(lab: Lab) -> None:
                 assert drawn["cpu_blue"] >= 50, drawn  # the first line's colour (the palette starts with it)
             assert not console_problems(console), "\n".join(console[-40:])
         except (AssertionError, PlaywrightError, ValueError) as exc:
-            try:
-                page.screenshot(path=str(ARTIFACTS / "runs-failed.png"), full_page=True)
-            except PlaywrightError:
-                pass
+            screenshot_failed(page, "runs-failed.png")
             raise AssertionError(f"{exc}\n" + "\n".join(console[-40:])) from exc
         finally:
             browser.close()

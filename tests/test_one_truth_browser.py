@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from .lab import ARTIFACTS, CHROMIUM, KERNEL_IDLE_JS, Lab, console_problems, lab_server
+from .lab import ARTIFACTS, CHROMIUM, Lab, console_problems, lab_server, open_notebook, screenshot_failed
 
 NOTEBOOK = "one-truth.ipynb"
 ITEMS = 24
@@ -137,13 +137,9 @@ def test_the_views_of_a_map_cell_agree_at_every_instant(lab: Lab) -> None:
     readings: list[dict[str, Any]] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
-        page.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
-        page.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
+        page: Any = None
         try:
-            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}", timeout=60_000)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-            page.wait_for_function(KERNEL_IDLE_JS, arg=NOTEBOOK, timeout=60_000)
+            page = open_notebook(browser, lab, NOTEBOOK, console, {"width": 1500, "height": 1100})
             page.locator('.jp-SideBar [data-id="jupyter-cluster-sidebar"]').click(timeout=20_000)
             for index in (0, 1):
                 assert page.evaluate(RUN_CELL_JS, [index, True]) is True, f"cell {index} failed"
@@ -196,10 +192,7 @@ def test_the_views_of_a_map_cell_agree_at_every_instant(lab: Lab) -> None:
             assert not console_problems(console), "\n".join(console[-40:])
         except (AssertionError, PlaywrightError) as exc:
             (ARTIFACTS / "one-truth.json").write_text(json.dumps(readings, indent=1))
-            try:
-                page.screenshot(path=str(ARTIFACTS / "one-truth-failed.png"), full_page=True)
-            except PlaywrightError:
-                pass
+            screenshot_failed(page, "one-truth-failed.png")
             raise AssertionError(f"{exc}\n" + "\n".join(console[-30:])) from exc
         finally:
             browser.close()

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .lab import ARTIFACTS, CHROMIUM, KERNEL_IDLE_JS, Lab, console_problems, lab_server
+from .lab import ARTIFACTS, CHROMIUM, KERNEL_IDLE_JS, Lab, console_problems, lab_server, screenshot_failed
 
 FIRST = "cluster.ipynb"
 SECOND = "empty.ipynb"
@@ -176,10 +176,7 @@ def test_sidebar_follows_the_notebook_and_acts_on_cells(lab: Lab) -> None:
             assert "connected" in sidebar.locator(".jc-section-link").inner_text()
             assert not console_problems(console), "\n".join(console[-40:])
         except (AssertionError, PlaywrightError) as exc:
-            try:
-                page.screenshot(path=str(ARTIFACTS / "sidebar-failed.png"), full_page=True)
-            except PlaywrightError:
-                pass
+            screenshot_failed(page, "sidebar-failed.png")
             raise AssertionError(f"{exc}\n" + "\n".join(console[-40:])) from exc
         finally:
             (ARTIFACTS / "sidebar-console.log").write_text("\n".join(console) + "\n")

@@ -2,8 +2,6 @@
  * The notebook's remote cells: the running ones, then the most recent finished ones.
  */
 
-import { Message } from '@lumino/messaging';
-
 import { formatDuration, formatTook } from './format';
 import { ICellState } from './messages';
 import { ClusterModel } from './model';
@@ -26,11 +24,6 @@ export class CellsView extends SectionView {
     super('cells', 'Cells', ['cells']);
   }
 
-  dispose(): void {
-    this._stopClock();
-    super.dispose();
-  }
-
   protected render(model: ClusterModel): void {
     const listed = new Set(model.cells.map(cell => cell.id));
     for (const id of [...this._errors.keys()]) {
@@ -45,27 +38,7 @@ export class CellsView extends SectionView {
         ? rows
         : [emptyLine('No remote cells yet: run a %%remote cell.')])
     );
-    this._updateClock();
-  }
-
-  protected onAfterAttach(msg: Message): void {
-    super.onAfterAttach(msg);
-    this._updateClock();
-  }
-
-  protected onAfterShow(msg: Message): void {
-    super.onAfterShow(msg);
-    this._updateClock();
-  }
-
-  protected onAfterHide(msg: Message): void {
-    super.onAfterHide(msg);
-    this._stopClock();
-  }
-
-  protected onBeforeDetach(msg: Message): void {
-    this._stopClock();
-    super.onBeforeDetach(msg);
+    this._setTicking();
   }
 
   private _row(cell: ICellState): HTMLElement {
@@ -151,31 +124,19 @@ export class CellsView extends SectionView {
     }
   }
 
-  private _updateClock(): void {
-    if (this._clocks.length === 0 || !this.isVisible) {
-      this._stopClock();
-    } else if (this._timer === null) {
-      this._timer = window.setInterval(() => this._tick(), 1000);
-    }
+  private _setTicking(): void {
+    this.setClock(this._clocks.length > 0 ? () => this._tickClocks() : null);
   }
 
-  private _tick(): void {
+  private _tickClocks(): void {
     const t = now();
     for (const clock of this._clocks) {
       clock.node.textContent = formatDuration(t - clock.since);
     }
   }
 
-  private _stopClock(): void {
-    if (this._timer !== null) {
-      window.clearInterval(this._timer);
-      this._timer = null;
-    }
-  }
-
   private _clocks: { node: HTMLElement; since: number }[] = [];
   private _errors = new Map<string, string>();
-  private _timer: number | null = null;
 }
 
 /** The browser's time, in seconds since the epoch (the kernel's unit). */

@@ -2,8 +2,6 @@
  * The cluster's nodes, one row each, with bars for CPU, GPU, RAM and object store.
  */
 
-import { Message } from '@lumino/messaging';
-
 import { formatBytes, formatDuration, formatNumber, percent } from './format';
 import { IBar, INodeState } from './messages';
 import { ClusterModel } from './model';
@@ -34,7 +32,7 @@ export class NodesView extends SectionView {
         : [emptyLine('Waiting for the nodes…')])
     );
     this.showAge();
-    this._updateClock();
+    this._setTicking();
   }
 
   /**
@@ -50,39 +48,12 @@ export class NodesView extends SectionView {
     this._age.textContent = stale ? `as of ${formatDuration(age)} ago` : '';
   }
 
-  protected onAfterShow(msg: Message): void {
-    super.onAfterShow(msg);
-    this._updateClock();
-  }
-
-  protected onAfterHide(msg: Message): void {
-    super.onAfterHide(msg);
-    this._stopClock();
-  }
-
-  protected onBeforeDetach(msg: Message): void {
-    this._stopClock();
-    super.onBeforeDetach(msg);
-  }
-
-  private _updateClock(): void {
-    if (this._sampled === null || !this.isVisible) {
-      this._stopClock();
-    } else if (this._timer === null) {
-      this._timer = window.setInterval(() => this.showAge(), 1000);
-    }
-  }
-
-  private _stopClock(): void {
-    if (this._timer !== null) {
-      window.clearInterval(this._timer);
-      this._timer = null;
-    }
+  private _setTicking(): void {
+    this.setClock(this._sampled !== null ? () => this.showAge() : null);
   }
 
   private _age = document.createElement('div');
   private _sampled: number | null = null;
-  private _timer: number | null = null;
 }
 
 function nodeRow(node: INodeState): HTMLElement {

@@ -2,6 +2,7 @@
  * The base of the sidebar's sections: a titled list that follows one connection's model.
  */
 
+import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IClusterConnection } from './connection';
@@ -69,6 +70,7 @@ export abstract class SectionView extends Widget {
 
   dispose(): void {
     this.connection = null;
+    this.setClock(null);
     super.dispose();
   }
 
@@ -98,6 +100,51 @@ export abstract class SectionView extends Widget {
 
   protected readonly body = document.createElement('div');
 
+  /**
+   * Call `tick` once a second, only while the section is visible (a browser timer, stopped
+   * when hidden or detached); null stops it. Sections with clocks (elapsed times, the age
+   * of figures) set it after each render.
+   */
+  protected setClock(tick: (() => void) | null): void {
+    this._tick = tick;
+    this._updateClock();
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    this._updateClock();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this._updateClock();
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    this._stopClock();
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this._stopClock();
+    super.onBeforeDetach(msg);
+  }
+
+  private _updateClock(): void {
+    if (this._tick === null || !this.isVisible) {
+      this._stopClock();
+    } else if (this._timer === null) {
+      this._timer = window.setInterval(() => this._tick?.(), 1000);
+    }
+  }
+
+  private _stopClock(): void {
+    if (this._timer !== null) {
+      window.clearInterval(this._timer);
+      this._timer = null;
+    }
+  }
+
   private _onChanged(model: ClusterModel, part: ClusterPart): void {
     if (part === 'all' || this._parts.includes(part)) {
       this.render(model);
@@ -107,6 +154,8 @@ export abstract class SectionView extends Widget {
   private _connection: IClusterConnection | null = null;
   private _parts: ClusterPart[];
   private _error = document.createElement('div');
+  private _tick: (() => void) | null = null;
+  private _timer: number | null = null;
 }
 
 /** A DOM element with a class and, optionally, its text. */
