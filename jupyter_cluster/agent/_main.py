@@ -435,7 +435,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         for node in data["nodes"]:
             node["load"] = loads.get(node.get("id"))
         # One instant: what is free is what the same read of the GCS found in use, not another read's.
-        summed = sampler.cluster.get("resources")
+        summed = sampler.gcs_resources
         if summed:
             data["available"] = {name: total - used for name, (used, total) in summed.items()}
         data["metrics_watchers"] = len(sampler.watchers)

@@ -195,6 +195,8 @@ class MetricsSampler:
         self._instances_at = 0.0
         self._instances_error: PrometheusError | None = None
         self._endpoints: dict[str, Endpoint] = {}
+        #: The whole cluster's resources, (in use, total) by name, as the last round's read of the GCS found them.
+        self.gcs_resources: dict[str, tuple[float, float]] = {}
         self._all: dict[str, NodeSample] = {}
         self._listed_at = -nodes_every - 1.0
         self._cost = 0.0
@@ -320,6 +322,7 @@ class MetricsSampler:
         in the cluster's totals (all nodes, stamped ``resources_at``); the host's load (CPU %, memory, GPUs)
         stays Ray's metrics'. One request a round, whatever the node count. Nodes the GCS does not list (extra
         endpoints of a benchmark) keep their metrics."""
+        self.gcs_resources = {}  # none but this round's
         try:
             free = self._available()
         except Exception:
@@ -345,7 +348,10 @@ class MetricsSampler:
                 sample["resources"] = view
                 if "object_store_memory" in view:
                     sample["store_used"], sample["store_total"] = view["object_store_memory"]
-        if summed:
+        self.gcs_resources = summed
+        # The totals too, where the GCS lists every node they count (not where a benchmark's simulated nodes, which
+        # only the metrics know, are among them).
+        if summed and len(free) >= int(cluster.get("count", 0)):
             cluster["resources"] = summed
             if "object_store_memory" in summed:
                 cluster["store_used"], cluster["store_total"] = summed["object_store_memory"]
