@@ -18,6 +18,7 @@ readings (``one-truth.json``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -39,7 +40,8 @@ CELLS = [
 SIDEBAR = "#jupyter-cluster-sidebar"
 #: One refresh of the views that redraw on a clock (the dashboard samples once a second), with the time a reading
 #: of the page takes (a second, on two cores running another test process beside this one) and the lag of a
-#: busy page in drawing what came.
+#: busy page in drawing what came. Where the dashboard samples less often (it spaces its rounds on a busy
+#: machine), its longest gap counts instead.
 REFRESH = 2.5
 
 #: Run cell ``index`` of the current notebook; with ``wait``, settle once it has run (true: it succeeded).
@@ -74,7 +76,17 @@ READ_JS = """
       if (at >= 0) dashboard = [data.count[at], data.count[running]];
     }
   }
-  return [bar, row ? row.innerText : null, dashboard];
+  // The dashboard's samples (ms): how often it redraws on this machine now.
+  let samples = [];
+  for (const view of (Bokeh && Bokeh.index) || []) {
+    const doc = view.model && view.model.document;
+    if (!doc) continue;
+    for (const model of doc._all_models.values()) {
+      const data = model.data;
+      if (data && typeof data === "object" && "cpu" in data && "t" in data) samples = Array.from(data.t);
+    }
+  }
+  return [bar, row ? row.innerText : null, dashboard, samples];
 }
 """
 
@@ -152,7 +164,7 @@ def test_the_views_of_a_map_cell_agree_at_every_instant(lab: Lab) -> None:
             ended: float | None = None
             shot, shots = 0.0, 0
             while time.monotonic() - started < 120:
-                bar, row, dashboard = page.evaluate(READ_JS, [2, SIDEBAR])
+                bar, row, dashboard, samples = page.evaluate(READ_JS, [2, SIDEBAR])
                 now = time.monotonic() - started
                 reading = {
                     "t": round(now, 3),
@@ -170,7 +182,7 @@ def test_the_views_of_a_map_cell_agree_at_every_instant(lab: Lab) -> None:
                     shot = now
                 if ended is None and f"{ITEMS}/{ITEMS} items done in" in bar:
                     ended = now
-                if ended is not None and now - ended > 3 * REFRESH:
+                if ended is not None and now - ended > 4 * REFRESH:
                     break
                 time.sleep(0.25)
             (ARTIFACTS / "one-truth.json").write_text(json.dumps(readings, indent=1))
@@ -178,10 +190,14 @@ def test_the_views_of_a_map_cell_agree_at_every_instant(lab: Lab) -> None:
             during = [r for r in readings if r["t"] <= ended]
             assert any(r["bar"] not in (None, 0, ITEMS) for r in during), "no reading while the map ran"
             assert any(r["dashboard"] not in (None, 0, ITEMS) for r in during), "the dashboard never showed it run"
-            problems = disagreements(readings, ("bar", "sidebar", "dashboard"), REFRESH)
+            # One refresh: the dashboard's longest gap between two samples during the run (it spaces its sampling
+            # to keep its cost down on a busy machine, and its header says so), and the reading's own slack.
+            gaps = [b - a for a, b in itertools.pairwise(samples) if a >= samples[-1] - 1000 * (ended + 10)]
+            refresh = max(REFRESH, max(gaps, default=0) / 1000 + REFRESH - 1.0)
+            problems = disagreements(readings, ("bar", "sidebar", "dashboard"), refresh)
             assert not problems, "\n".join(problems[:20])
             # A refresh after the end, every view says it ended: all the items done, nothing running.
-            after = [r for r in readings if r["t"] > ended + REFRESH]
+            after = [r for r in readings if r["t"] > ended + refresh]
             assert after, readings[-3:]
             for r in after:
                 assert (r["bar"], r["sidebar"], r["dashboard"], r["dashboard_cells_running"]) == (
