@@ -85,10 +85,10 @@ def format_duration(seconds: float) -> str:
     return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def format_metric(value: float) -> str:
-    """``0.9778``: how every view and result says a metric (4 significant digits), so that one metric shown in two
-    places (a run's widget, the sidebar) is one number."""
-    return f"{value:.4g}"
+def format_metric(value: Any) -> str:
+    """``0.9778``: how every view and result says a metric (a float to 4 significant digits; anything else as it
+    is), so that one metric shown in two places (a run's widget, the sidebar, its result) is one number."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 class ObjectHandle:

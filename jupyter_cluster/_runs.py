@@ -144,7 +144,7 @@ class TrainResult:
 
     def __repr__(self) -> str:
         state = f"failed: {type(self.error).__name__}: {self.error}" if self.error else "done"
-        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in list(self.final.items())[:6])
+        shown = ", ".join(f"{k}={format_metric(v)}" for k, v in list(self.final.items())[:6])
         return f"<TrainResult {state} in {format_duration(self.elapsed)}; {len(self.reports)} reports; {shown}>"
 
 
@@ -183,15 +183,11 @@ class TuneResult:
         return {row["trial"]: row["error"] for row in self.trial_rows if row.get("error")}
 
     def __repr__(self) -> str:
-        best = _fmt(self.best_result.get(self.metric)) if self.best_result else "none"
+        best = format_metric(self.best_result.get(self.metric)) if self.best_result else "none"
         return (
             f"<TuneResult {len(self.trial_rows)} trials in {format_duration(self.elapsed)}; best {self.metric}={best} "
             f"with {self.best_config}>"
         )
-
-
-def _fmt(value: Any) -> str:
-    return format_metric(value) if isinstance(value, float) else str(value)
 
 
 # -------------------------------------------------------------------------- runs

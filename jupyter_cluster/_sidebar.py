@@ -555,7 +555,7 @@ def run_state(run: Run) -> dict[str, Any]:
         "mode": mode,
         "best": best,
         # As the run's widget writes it (one formatter: a number shown twice is the same number).
-        "best_text": None if best is None else format_metric(best) if isinstance(best, float) else str(best),
+        "best_text": None if best is None else format_metric(best),
         "counts": counts,
         "started": run.started,
         "finished": cell.finished,

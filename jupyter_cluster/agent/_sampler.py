@@ -319,7 +319,7 @@ class MetricsSampler:
         Ray's own ``ray_resources`` and object-store gauges are exported every few seconds, so beside the cells'
         own counts (exact, at once) they lag; the GCS's view of what each node has free is current within half a
         second, the store's bytes the notebook's values hold included. It replaces them on the shown nodes and
-        in the cluster's totals (all nodes, stamped ``resources_at``); the host's load (CPU %, memory, GPUs)
+        in the cluster's totals (all nodes); the host's load (CPU %, memory, GPUs)
         stays Ray's metrics'. One request a round, whatever the node count. Nodes the GCS does not list (extra
         endpoints of a benchmark) keep their metrics."""
         self.gcs_resources = {}  # none but this round's
@@ -330,7 +330,6 @@ class MetricsSampler:
             return
         if not free:
             return
-        at = time.time()
         summed: dict[str, tuple[float, float]] = {}
         for node_id, endpoint in endpoints.items():
             if node_id not in free or not endpoint.resources:
@@ -355,7 +354,6 @@ class MetricsSampler:
             cluster["resources"] = summed
             if "object_store_memory" in summed:
                 cluster["store_used"], cluster["store_total"] = summed["object_store_memory"]
-            cluster["resources_at"] = at
 
     def _pace(self, cost: float) -> None:
         """Space rounds so that they take at most ``budget`` of a core (by a moving average of their CPU

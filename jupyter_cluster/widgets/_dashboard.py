@@ -126,7 +126,7 @@ def system_said(cluster: NodeSample) -> str:
     return "system: " + ", ".join(parts) if parts else ""
 
 
-def work_counts(cells: Iterable[Any], cluster: NodeSample, last_map: Any = None) -> dict[tuple[str, str], float]:
+def work_counts(cells: Iterable[Any], last_map: Any = None, *, cluster: NodeSample) -> dict[tuple[str, str], float]:
     """Every row of :data:`WORK`: the cells' own work and Ray's counts of the user's tasks and actors."""
     groups = state_groups(cluster)
     work = cells_work(cells, last_map)
@@ -211,7 +211,7 @@ def snapshot_html(
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     cluster = cluster or totals(nodes.values())
-    states = [work_said(work_counts(notebook_cells, cluster, last_map))]
+    states = [work_said(work_counts(notebook_cells, last_map, cluster=cluster))]
     system = system_said(cluster)
     if system:
         states.append(f"{system} (Ray's libraries and jupyter_cluster's own, not counted above)")
@@ -232,7 +232,7 @@ class Dashboard(ipywidgets.VBox):
 
     def __init__(self, cluster: Cluster, window: float = 300.0, wait: float = 3.0) -> None:
         from bokeh.layouts import column, row
-        from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, Range1d
+        from bokeh.models import CategoricalAxis, ColumnDataSource, DataRange1d, FactorRange, Range1d
         from bokeh.models.annotations import Legend
         from bokeh.plotting import figure
 
@@ -286,7 +286,9 @@ class Dashboard(ipywidgets.VBox):
             x="count", y="y", text="text", source=self.states, text_font_size="9pt", text_baseline="middle", x_offset=3
         )
         self.state_plot.ygrid.grid_line_color = None
-        self.state_plot.yaxis.group_text_font_size = "8pt"
+        for axis in self.state_plot.yaxis:
+            if isinstance(axis, CategoricalAxis):  # a group's label (rotated) beside its rows
+                axis.group_text_font_size = "8pt"
 
         self.time_plot = figure(
             title=f"Cluster, last {window / 60:g} min (%)",
@@ -447,7 +449,7 @@ class Dashboard(ipywidgets.VBox):
     def _draw_states(self) -> None:
         """Patch the work counts (their rows are all there from the start): the cells' from the kernel's cells,
         read now, at the tick that draws the nodes; Ray's from the same sample."""
-        groups = work_counts(self._cells(), self.feed.totals(), self._last_map)
+        groups = work_counts(*self._cells(), cluster=self.feed.totals())
         patches: dict[str, list[tuple[int, Any]]] = {"count": [], "text": []}
         for index, key in enumerate(self.states.data["y"]):
             count = groups.get(key, 0.0)
@@ -467,15 +469,16 @@ class Dashboard(ipywidgets.VBox):
     def snapshot(self) -> str:
         """The dashboard as static HTML (what a notebook without a kernel shows)."""
         title = f"{self.cluster.kind}: {self._nodes_said()}"
-        return snapshot_html(self.feed.nodes, self.labels, title, self.feed.totals(), self._cells(), self._last_map)
+        cells, last_map = self._cells()
+        return snapshot_html(self.feed.nodes, self.labels, title, self.feed.totals(), cells, last_map)
 
-    def _cells(self) -> list[Any]:
-        """The cluster's cells now; the last ``--map`` cell seen is kept, to show its items as it ended."""
+    def _cells(self) -> tuple[list[Any], Any]:
+        """The cluster's cells now, and the last ``--map`` cell seen (kept, to show its items as it ended)."""
         cells = list(self.cluster.cells.values())
         maps = [cell for cell in cells if cell.mode == "map"]
         if maps:
             self._last_map = max(maps, key=lambda cell: cell.submitted)
-        return cells
+        return cells, self._last_map
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         if not self.closed:

@@ -57,9 +57,7 @@ TABLE_STYLE = (
 
 
 def fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return format_metric(value)
-    return html.escape(str(value))
+    return html.escape(format_metric(value))
 
 
 class RunView(ipywidgets.VBox):
