@@ -47,6 +47,8 @@ class MetricsFeed:
         #: ``(time, totals)`` of each sample, oldest first.
         self.history: deque[tuple[float, NodeSample]] = deque(maxlen=HISTORY)
         self.deltas = 0
+        #: When the last sample came, by this kernel's clock (None: none yet).
+        self.received: float | None = None
         self._listeners: dict[int, Listener] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -105,7 +107,7 @@ class MetricsFeed:
             if "source" in data:
                 self.source = data["source"]
             self.deltas += 1
-            #: When the last sample came, by this kernel's clock (the agent's ``t`` is the head's, which may differ).
+            # By this kernel's clock: the agent's ``t`` is the head's, which may differ.
             self.received = time.time()
             self.history.append((data["t"], self.totals()))
             self._first.set()

@@ -426,7 +426,7 @@ class Sidebar:
             nodes = feed.nodes if feed is not None else {}
             # How old the figures are as they leave (by this kernel's clock: the head's and the browser's may
             # differ): the panel greys them, with their age, once that and their time on its side pass 2 s.
-            received = getattr(feed, "received", None)
+            received = feed.received if feed is not None else None
             age = max(0.0, time.time() - received) if received is not None else 0.0
             nodes_state = [node_state(i, n) for i, n in sorted(nodes.items())]
             return {"type": "nodes", "t": time.time(), "age": round(age, 2), "nodes": nodes_state}

@@ -2,7 +2,8 @@
 
 The events are those the agent's runner and workers emit (see ``agent/_train.py`` and
 ``agent/_tune.py``); the widgets' Bokeh documents are watched for how they change:
-rows are streamed and patched, never replaced.
+rows are streamed and patched, never replaced, at the view's tick (``redraw``), with its
+table.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ def test_training_view_draws_one_line_until_the_workers_differ() -> None:
     view.on_event("train", report(0, 1, epoch=1, loss=0.9, accuracy=0.5), None)
     changes = Changes(view)  # the figures exist: from here on, only data changes
     view.on_event("train", report(1, 1, epoch=1, loss=0.9, accuracy=0.5), None)
+    view.redraw(now=True)
     assert view.sources["loss"].data["worker"] == ["all workers"]  # the same values: one line
     view.on_event("train", report(0, 2, epoch=2, loss=0.5, accuracy=0.7), None)
     view.on_event("train", report(1, 2, epoch=2, loss=0.6, accuracy=0.7), None)  # now loss differs
+    view.redraw(now=True)
     loss = view.sources["loss"].data
     assert loss["worker"] == ["rank 0", "rank 1"]
     assert loss["xs"] == [[1.0, 2.0], [1.0, 2.0]] and loss["ys"] == [[0.9, 0.5], [0.9, 0.6]]
@@ -109,6 +112,7 @@ def test_trials_view_streams_trials_and_marks_early_stops_and_errors() -> None:
     view.on_event("tune", trial("c", "ERROR", error="ArithmeticError: diverged"), None)
     view.on_event("tune", result("b", 2, 0.9), None)
     view.on_event("tune", trial("b", "TERMINATED"), None)
+    view.redraw(now=True)
 
     curves = view.curves.data
     assert curves["trial"] == ["a", "b", "c"]
@@ -188,3 +192,19 @@ def test_a_runs_error_is_the_first_its_users_code_raised_not_the_clean_ups() -> 
             run._on_event("train", event)
         cause = _cause(run)
         assert isinstance(cause, ValueError) and "ValueError happened" in str(cause), (ray_first, cause)
+
+
+def test_the_curves_and_the_table_show_the_same_results_at_every_tick() -> None:
+    """Results that come between two ticks wait for the next one, curve and table alike: a picture of the widget
+    never shows a trial's curve at an iteration its row has not reached."""
+    view = TrialsView("jc.tune(f)", "score", "max")
+    view.on_event("tune", trial("a", "RUNNING"), None)
+    view.on_event("tune", result("a", 1, 0.2), None)
+    view.redraw(now=True)
+    assert view.curves.data["xs"] == [[1.0]] and "<td>1</td>" in view.table.value
+    view.on_event("tune", result("a", 2, 0.3), None)  # within the tick's quarter second: drawn at the next
+    if view._scheduled:  # on a slow machine the quarter second may have passed already, and it drew both
+        assert view.curves.data["xs"] == [[1.0]] and "<td>1</td>" in view.table.value
+    view.redraw(now=True)
+    assert view.curves.data["xs"] == [[1.0, 2.0]] and "<td>2</td>" in view.table.value
+    assert all(drawn >= made for made, drawn in view.latency) and len(view.latency) == 2

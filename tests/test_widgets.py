@@ -252,6 +252,17 @@ def test_unreachable_endpoints_mark_their_nodes_stale(kernel: Kernel, nodes: dic
     assert set(greys) == {"#c8c8c8"}, greys
 
 
+def test_a_dashboard_without_new_samples_says_how_old_its_figures_are(kernel: Kernel) -> None:
+    kernel.ok("dash2 = jc.dashboard()\nfresh = dash2.header.value")
+    assert "s old" not in _value(kernel, "fresh")
+    kernel.ok("dash2.feed.unsubscribe(dash2._token)  # no sample reaches it from now on, as over a stalled link")
+    said = _poll(kernel, "dash2.header.value", lambda v: "s old" in v, timeout=10)
+    assert re.search(r"figures [2-9] s old", said), said
+    later = _poll(kernel, "dash2.header.value", lambda v: v != said, timeout=10)  # said again each second
+    assert re.search(r"figures \d+ s old", later), later
+    kernel.ok("dash2._token = None\ndash2.close()")
+
+
 def test_the_dashboard_goes_on_after_a_dropped_link(kernel: Kernel) -> None:
     before = _value(kernel, "(dash.feed.deltas, len(dash.series.data['t']))")
     kernel.ok("jc.current()._link.drop_connection()")

@@ -35,6 +35,9 @@ COLORS = {
     "GPU memory": "#9d755d",
 }
 STALE = "#c8c8c8"
+#: Figures older than this (seconds, since their sample came) say their age in the header, which says it again
+#: each second until the next sample (a busy machine samples less often; a link that is down, not at all).
+AGE_SAID = 2.0
 STATES = {"cells": "#59a14f", "map items": "#8cd17d", "Ray tasks": "#4c78a8", "Ray actors": "#b279a2"}
 #: The rows of the work plot, fixed (so the plot never needs new rows). The cells' own work first, counted from
 #: the agent's events as the cells' progress bars and the sidebar count it (the kernel's cells, read at the same
@@ -247,6 +250,8 @@ class Dashboard(ipywidgets.VBox):
         self._displays: list[Any] = []
         self._pictures: list[Any] = []
         self._last_map: Any = None
+        self._said: tuple[str, Any] = ("", None)  # what the header last said of the link or the feed
+        self._sampled: float | None = self.feed.received  # when the sample drawn last came (this kernel's clock)
         self._lock = threading.Lock()
 
         self.bars = ColumnDataSource({"y": [], "frac": [], "text": [], "color": [], "node": []})
@@ -315,6 +320,7 @@ class Dashboard(ipywidgets.VBox):
         for t, cluster_totals in list(self.feed.history)[-int(window) :]:
             self._stream_point(t, cluster_totals)
         self._token = self.feed.subscribe(self._on_feed)
+        threading.Thread(target=self._age_ticks, name="jupyter-cluster-dashboard-age", daemon=True).start()
         with self._lock:  # the first sample may be drawing already, in the feed's thread
             drawn = bool(self.feed.nodes)
             if drawn:
@@ -329,13 +335,32 @@ class Dashboard(ipywidgets.VBox):
             if self.closed:
                 return
             if kind == "metrics":
+                self._sampled = self.feed.received
                 changed = set(data["nodes"])
                 added = self._draw_nodes(changed, left=set(data["left"]))
                 self._draw_states()
                 self._stream_point(data["t"], self.feed.totals())
                 if added:
                     self._resend()
-            self.header.value = self._header(kind, data)
+            if kind in ("link", "ended"):
+                self._said = (kind, data)
+            self.header.value = self._header(*self._said)
+
+    def _age_ticks(self) -> None:
+        """Say the figures' age once a second while they are older than :data:`AGE_SAID` (nothing else redraws
+        the header between samples)."""
+        while True:
+            time.sleep(1.0)
+            with self._lock:
+                if self.closed:
+                    return
+                if self._age() > AGE_SAID:
+                    value = self._header(*self._said)
+                    if value != self.header.value:
+                        self.header.value = value
+
+    def _age(self) -> float:
+        return 0.0 if self._sampled is None else max(0.0, time.time() - self._sampled)
 
     def _header(self, kind: str = "", data: Any = None) -> str:
         nodes = self.feed.nodes
@@ -357,7 +382,11 @@ class Dashboard(ipywidgets.VBox):
                 f'not in the tasks and actors drawn">{html.escape(system)}</span>'
             )
         if self.feed.history:
-            parts.append(time.strftime("updated %H:%M:%S", time.localtime(self.feed.history[-1][0])))
+            updated = time.strftime("updated %H:%M:%S", time.localtime(self.feed.history[-1][0]))
+            age = self._age()
+            if age > AGE_SAID:  # every figure below is as old as the last sample
+                updated = f"<span style='color:#c0392b'>{updated}: figures {age:.0f} s old</span>"
+            parts.append(updated)
         return " · ".join(parts)
 
     def _nodes_said(self) -> str:

@@ -82,6 +82,7 @@ class RunView(ipywidgets.VBox):
         self._picture: Any = None
         #: ``(reported at, drawn at)`` of each report drawn (for the latency benchmark).
         self.latency: list[tuple[float, float]] = []
+        self._arrived: list[float] = []  # when the reports not drawn yet were made
         self.layout_root = column(name="jupyter-cluster-run")
         self.plots = _plots(self.layout_root, self._lock)
         self.header = ipywidgets.HTML(value=self._header())
@@ -163,6 +164,10 @@ class RunView(ipywidgets.VBox):
     def table_html(self) -> str:
         return ""
 
+    def flush_plots(self) -> None:
+        """Put what came since the last tick into the plots' sources (under the lock, as the header and table
+        are drawn): the curves never run ahead of the table beside them."""
+
     def picture(self) -> str:
         """The run's curves as an SVG ('' when there are none)."""
         return ""
@@ -195,7 +200,11 @@ class RunView(ipywidgets.VBox):
                     _later(wait, self._deferred)
                 return
             self._sent = time.monotonic()
+            self.flush_plots()  # the curves, the header and the table: one tick
             header, table = self._header(), self.table_html()
+            drawn = time.time()
+            self.latency += [(made, drawn) for made in self._arrived]
+            self._arrived.clear()
         self.header.value = header
         if table != self.table.value:
             self.table.value = table

@@ -10,7 +10,6 @@ reported ``epoch`` when there is one, else the report's number.
 from __future__ import annotations
 
 import html
-import time
 from typing import Any
 
 from ._picture import Chart, Line, charts
@@ -39,6 +38,8 @@ class TrainingView(RunView):
         self.reports = 0
         self.errors: dict[int, str] = {}
         self.x_name = ""
+        #: ``(metric, rank)`` with reports not drawn yet (drawn at the next tick).
+        self._moved: dict[tuple[str, int], None] = {}
         super().__init__(label)
 
     def draw(self, data: dict[str, Any]) -> None:
@@ -76,10 +77,10 @@ class TrainingView(RunView):
                 and max(seen.values()) - min(seen.values()) > 1e-9 * (1 + abs(max(seen.values())))
             ):
                 self._split(name)
-            self._patch(name, rank)
+            self._moved[(name, rank)] = None
         if added:
             self._resend()
-        self.latency.append((data["time"], time.time()))
+        self._arrived.append(data["time"])
 
     def _add_figure(self, name: str) -> None:
         from bokeh.models import ColumnDataSource
@@ -118,6 +119,11 @@ class TrainingView(RunView):
             self.rows[name].append(rank)
         if ranks:
             source.stream(new)
+
+    def flush_plots(self) -> None:
+        for name, rank in self._moved:
+            self._patch(name, rank)
+        self._moved.clear()
 
     def _patch(self, name: str, rank: int) -> None:
         source = self.sources.get(name)

@@ -1,15 +1,15 @@
 """Trial progress: a table of trials and the tuned metric against the iteration, per trial.
 
 The curves are the rows of one ``multi_line`` source, one per trial: a trial's first
-result streams its row, each later one patches it. A trial a scheduler stopped early
-turns grey and ends in a cross; one that raised turns red and ends in a dot. The table
-(config, state, iterations, last and best metric) is sorted best first.
+result streams its row, each later one patches it, at the view's tick, with the table
+(config, state, iterations, last and best metric, sorted best first), so the two show the
+same results. A trial a scheduler stopped early fades and ends in a cross; one that
+raised turns red and ends in a dot.
 """
 
 from __future__ import annotations
 
 import html
-import time
 from typing import Any
 
 from ..agent._runs import flat
@@ -33,6 +33,9 @@ class TrialsView(RunView):
         self.mode = mode
         self.trials: dict[str, dict[str, Any]] = {}
         self.rows: dict[str, int] = {}
+        #: Trials with results, and trials that ended, not drawn yet (drawn at the next tick).
+        self._moved: dict[str, None] = {}
+        self._ending: dict[str, None] = {}
         super().__init__(label)
         self.curves = ColumnDataSource({"xs": [], "ys": [], "color": [], "alpha": [], "trial": []})
         self.ends = ColumnDataSource({"x": [], "y": [], "color": [], "marker": []})
@@ -92,6 +95,18 @@ class TrialsView(RunView):
             if better:
                 trial["peak"] = value
             trial["points"].append((float(data["iteration"]), float(value)))
+            self._moved[trial_id] = None
+        if data.get("stopped"):
+            trial["state"] = "STOPPED"
+            self._mark_end(trial_id)
+        self._arrived.append(data["time"])
+
+    def _mark_end(self, trial_id: str) -> None:
+        self._ending[trial_id] = None
+
+    def flush_plots(self) -> None:
+        for trial_id in self._moved:
+            trial = self.trials[trial_id]
             xs = [p[0] for p in trial["points"]]
             ys = [p[1] for p in trial["points"]]
             if trial_id not in self.rows:
@@ -101,12 +116,12 @@ class TrialsView(RunView):
             else:
                 row = self.rows[trial_id]
                 self.curves.patch({"xs": [(row, xs)], "ys": [(row, ys)]})
-        if data.get("stopped"):
-            trial["state"] = "STOPPED"
-            self._mark_end(trial_id)
-        self.latency.append((data["time"], time.time()))
+        self._moved.clear()
+        for trial_id in self._ending:
+            self._draw_end(trial_id)
+        self._ending.clear()
 
-    def _mark_end(self, trial_id: str) -> None:
+    def _draw_end(self, trial_id: str) -> None:
         trial = self.trials[trial_id]
         if trial.get("marked") or not trial["points"]:
             return
