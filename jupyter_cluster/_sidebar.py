@@ -39,7 +39,7 @@ RECENT_RUNS = 5
 #: A burst of changes (a ``--map`` cell's progress, a sweep's results) goes out as one message.
 COALESCE = 0.1
 #: The node bars' interval when a panel names none, and the shortest it may ask for (seconds).
-DEFAULT_INTERVAL = 2.0
+DEFAULT_INTERVAL = 1.0
 MIN_INTERVAL = 0.5
 #: Metrics that a training run reports beside what it learns.
 COUNTERS = {"epoch", "step", "iteration", "training_iteration", "report"}
@@ -558,7 +558,7 @@ def run_state(run: Run) -> dict[str, Any]:
         "best_text": None if best is None else format_metric(best),
         "counts": counts,
         "started": run.started,
-        "finished": cell.finished,
+        "finished": (run.ended or cell.finished) if cell.done() else None,  # the end its widget and result time
         "cell": cell.cell_id,
     }
 

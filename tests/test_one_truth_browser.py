@@ -108,9 +108,11 @@ def _done_in_row(text: str | None) -> int | None:
 
 
 def disagreements(readings: list[dict[str, Any]], views: tuple[str, ...], refresh: float) -> list[str]:
-    """Where a view showed, at some instant, a count outside what another view showed within ``refresh`` seconds
-    of it: further behind, or ahead, than one refresh. (A view that redraws once a second skips counts the bar
-    shows between its redraws: 6, then 12. A count between two the other showed is no disagreement.)"""
+    """Where a view showed, at some instant, a figure outside what another view showed within ``refresh`` seconds
+    of it: further behind, or ahead, than one refresh. The figures grow as the work goes on (items done, results,
+    the best score so far). A view that redraws once a second skips figures another shows between its redraws: 6,
+    then 12; a figure between two the other showed is no disagreement, nor is one below all the other showed where
+    the other showed nothing yet within the refresh."""
     found = []
     for reading in readings:
         for view in views:
@@ -120,8 +122,10 @@ def disagreements(readings: list[dict[str, Any]], views: tuple[str, ...], refres
             for other in views:
                 if other == view:
                     continue
-                near = [r[other] for r in readings if abs(r["t"] - reading["t"]) <= refresh and r[other] is not None]
-                if near and not min(near) <= value <= max(near):
+                window = [r[other] for r in readings if abs(r["t"] - reading["t"]) <= refresh]
+                near = [v for v in window if v is not None]
+                low = float("-inf") if None in window else min(near, default=0)
+                if near and not low <= value <= max(near):
                     found.append(f"at {reading['t']:.2f} s the {view} said {value}; the {other} said {sorted(near)}")
     return found
 
@@ -130,6 +134,11 @@ def test_the_disagreement_check_can_fail() -> None:
     readings = [{"t": t / 4, "bar": t, "sidebar": t, "dashboard": t - t % 4} for t in range(13)]
     assert not disagreements(readings, ("bar", "sidebar", "dashboard"), 1.0)  # the dashboard redraws each second
     readings[8]["dashboard"] = 1  # an old figure, seven readings behind
+    assert disagreements(readings, ("bar", "sidebar", "dashboard"), 1.0)
+    readings[8]["dashboard"] = 8
+    readings[0]["sidebar"] = readings[1]["sidebar"] = None  # not drawn yet: behind, not wrong
+    assert not disagreements(readings, ("bar", "sidebar", "dashboard"), 1.0)
+    readings[2]["sidebar"] = 12  # ahead of every other view
     assert disagreements(readings, ("bar", "sidebar", "dashboard"), 1.0)
 
 
@@ -212,4 +221,227 @@ def test_the_views_of_a_map_cell_agree_at_every_instant(lab: Lab) -> None:
             screenshot_failed(page, "one-truth-failed.png")
             raise AssertionError(f"{exc}\n" + "\n".join(console[-30:])) from exc
         finally:
+            browser.close()
+
+
+RUNS_NOTEBOOK = "one-truth-runs.ipynb"
+RUNS_CELLS = [
+    CELLS[0],
+    CELLS[1],
+    # A sweep: four trials of eight results on two CPUs (two at a time).
+    "def trainable(config):\n"
+    "    import time\n"
+    "    from ray import tune\n"
+    "    for i in range(1, 9):\n"
+    "        time.sleep(0.4)\n"
+    "        tune.report({'score': config['lr'] * i})\n"
+    "sweep = jc.tune(trainable, {'lr': jc.grid_search([0.1, 0.2, 0.3, 0.4])}, metric='score', mode='max')\n"
+    "sweep",
+    # A training: one worker, eight reports.
+    "def train_func(config):\n"
+    "    import time\n"
+    "    import ray.train\n"
+    "    for epoch in range(1, 9):\n"
+    "        time.sleep(0.4)\n"
+    "        ray.train.report({'epoch': epoch, 'loss': 1.0 / epoch})\n"
+    "result = jc.train_torch(train_func, num_workers=1)\n"
+    "result",
+]
+
+#: What a run's widget (once it ended: its snapshot and picture), its curves and its sidebar row say, and the
+#: cell's result once it ended: [header, table, points drawn (tune: every trial's; train: the loss curve's), the
+#: sidebar's row's detail, its time, the cell's output].
+READ_RUN_JS = """
+([index, sidebar, kind]) => {
+  const cell = window.jupyterapp.shell.currentWidget.content.widgets[index];
+  const output = cell && cell.outputArea ? cell.outputArea.node.innerText : "";
+  const widget = cell ? cell.node.querySelector(".jupyter-cluster-run") : null;
+  // Once the run ended, its widget gives way to a snapshot of it and a picture of its curves.
+  const snapshot = cell ? cell.node.querySelector(".jc-run-snapshot") : null;
+  let header = "", table = "", points = null;
+  if (widget) {
+    const htmls = widget.querySelectorAll(".widget-html");
+    header = htmls.length > 0 ? htmls[0].innerText : "";
+    table = htmls.length > 1 ? htmls[1].innerText : "";
+    for (const view of (window.Bokeh && window.Bokeh.index) || []) {
+      const doc = view.model && view.model.document;
+      if (!doc || !widget.contains(view.el)) continue;
+      for (const model of doc._all_models.values()) {
+        const data = model.data;
+        if (!data || typeof data !== "object" || !("xs" in data)) continue;
+        const lengths = Array.from(data.xs).map((xs) => xs.length);
+        if (kind === "tune" && "trial" in data) points = lengths.reduce((n, k) => n + k, 0);
+        if (kind === "train" && "worker" in data) points = lengths.length ? Math.max(...lengths) : 0;
+      }
+    }
+  } else if (snapshot) {
+    const shown = snapshot.querySelector("table");
+    table = shown ? shown.innerText : "";
+    header = snapshot.innerText.split("\\n")[0];
+    const lengths = [];
+    for (const img of cell.node.querySelectorAll('img[src^="data:image/svg+xml"]')) {  // how JupyterLab shows an SVG
+      const [meta, data] = img.src.split(",", 2);
+      const svg = meta.endsWith(";base64") ? atob(data) : decodeURIComponent(data);
+      const parsed = new DOMParser().parseFromString(svg, "image/svg+xml");
+      for (const line of parsed.querySelectorAll("polyline")) lengths.push(line.points.numberOfItems);
+    }
+    if (lengths.length) points = kind === "tune" ? lengths.reduce((n, k) => n + k, 0) : Math.max(...lengths);
+  }
+  const row = document.querySelector(sidebar + " .jc-run");
+  const detail = row ? (row.querySelector(".jc-row-detail") || {}).innerText || "" : null;
+  const time = row ? row.querySelector(".jc-elapsed").innerText : null;
+  return [header, table, points, detail, time, output];
+}
+"""
+
+
+def _table_rows(table: str) -> list[list[str]]:
+    return [line.split("\t") for line in table.strip().splitlines()[1:] if "\t" in line]
+
+
+def _number(pattern: str, text: str | None) -> float | None:
+    found = re.search(pattern, text or "")
+    return float(found.group(1)) if found else None
+
+
+def read_sweep(raw: list[Any]) -> dict[str, Any]:
+    """A sweep's figures from each view: results drawn (table: the iterations column's sum; curves: their points),
+    the best score (widget, sidebar), the trials (widget, sidebar)."""
+    header, table, points, detail, took, output = raw
+    rows = _table_rows(table)
+    sidebar_trials = sum(int(n) for n in re.findall(r"(\d+) [a-z ]+?(?: ·|$)", (detail or "").split("(max)")[-1]))
+    return {
+        "table_results": sum(int(r[3]) for r in rows if len(r) > 3 and r[3].isdigit()) if rows else None,
+        "curve_results": points,
+        "widget_best": _number(r"best score (\S+)", header),
+        "sidebar_best": _number(r"best score (\S+)", detail),
+        "widget_trials": _number(r"(\d+) trials?", header),
+        "sidebar_trials": sidebar_trials or None,
+        "texts": {
+            "widget_best": re.search(r"best score (\S+)", header),
+            "sidebar_best": re.search(r"best score (\S+)", detail or ""),
+            "result_best": re.search(r"best score=(\S+)", output),
+            "widget_time": re.search(r"run time ([\d.]+ s)", header),
+            "sidebar_time": took,
+            "result_time": re.search(r"trials in ([\d.]+ s)", output),
+        },
+        "ended": "<TuneResult" in output,
+    }
+
+
+def read_training(raw: list[Any]) -> dict[str, Any]:
+    """A training's figures from each view: reports (header, table's epoch, curve's points), the last loss
+    (table, sidebar)."""
+    header, table, points, detail, took, output = raw
+    rows = _table_rows(table)
+    head = table.strip().splitlines()[0].split("\t") if table.strip() else []
+    loss = rows[0][head.index("loss")] if rows and "loss" in head else None
+    return {
+        "header_reports": _number(r"report (\d+)", header),
+        "curve_reports": points,
+        "table_reports": float(rows[0][head.index("report")]) if rows and "report" in head else None,
+        "table_loss": float(loss) if loss else None,
+        "sidebar_loss": _number(r"last loss (\S+)", detail),
+        "texts": {
+            "widget_loss": loss,
+            "sidebar_loss": re.search(r"last loss (\S+)", detail or ""),
+            "result_loss": re.search(r"loss=(\S+?)>", output),
+            "widget_time": re.search(r"run time ([\d.]+ s)", header),
+            "sidebar_time": took,
+            "result_time": re.search(r"done in ([\d.]+ s)", output),
+        },
+        "ended": "<TrainResult" in output,
+    }
+
+
+def _text(value: Any) -> str | None:
+    return value.group(1) if isinstance(value, re.Match) else value
+
+
+@pytest.mark.timeout(600)
+def test_the_views_of_a_sweep_and_a_training_agree_at_every_instant(lab: Lab) -> None:
+    """A ``jc.tune`` sweep and a ``jc.train_torch`` run, the dashboard and sidebar open: the widget's table and its
+    curves, its header and the sidebar's row show the same results within one refresh, and a refresh after the end
+    every view says what the cell's result says (best score or last loss, run time)."""
+    import nbformat
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for stale in ARTIFACTS.glob("one-truth-run*"):
+        stale.unlink()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in RUNS_CELLS]
+    nbformat.write(nb, lab.root / RUNS_NOTEBOOK)
+    console: list[str] = []
+    kept: dict[str, list[dict[str, Any]]] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        page: Any = None
+        try:
+            page = open_notebook(browser, lab, RUNS_NOTEBOOK, console, {"width": 1500, "height": 1300})
+            page.locator('.jp-SideBar [data-id="jupyter-cluster-sidebar"]').click(timeout=20_000)
+            for index in (0, 1):
+                assert page.evaluate(RUN_CELL_JS, [index, True]) is True, f"cell {index} failed"
+            page.locator(".jupyter-cluster-dashboard canvas").first.wait_for(timeout=60_000)
+            for index, kind, read, pairs in (
+                (
+                    2,
+                    "tune",
+                    read_sweep,
+                    [
+                        ("table_results", "curve_results"),
+                        ("widget_best", "sidebar_best"),
+                        ("widget_trials", "sidebar_trials"),
+                    ],
+                ),
+                (
+                    3,
+                    "train",
+                    read_training,
+                    [("header_reports", "curve_reports", "table_reports"), ("table_loss", "sidebar_loss")],
+                ),
+            ):
+                readings = kept[kind] = []
+                page.evaluate(RUN_CELL_JS, [index, False])
+                started = time.monotonic()
+                ended: float | None = None
+                shot = 0.0
+                while time.monotonic() - started < 240:
+                    reading = read(page.evaluate(READ_RUN_JS, [index, SIDEBAR, kind]))
+                    now = reading["t"] = round(time.monotonic() - started, 3)
+                    readings.append(reading)
+                    if now - shot >= 2.0:
+                        page.screenshot(path=str(ARTIFACTS / f"one-truth-run-{kind}-{int(now):03d}.png"))
+                        shot = now
+                    if ended is None and reading["ended"]:
+                        ended = now
+                    if ended is not None and now - ended > 3 * REFRESH:
+                        break
+                    time.sleep(0.25)
+                assert ended is not None, f"the {kind} run never ended: {readings[-1]}"
+                during = [r for r in readings if r["t"] <= ended]
+                for views in pairs:
+                    assert any(r[views[0]] not in (None, 0) for r in during), f"no reading of {views[0]} while it ran"
+                    problems = disagreements(during, views, REFRESH)
+                    assert not problems, f"{kind}: " + "\n".join(problems[:20])
+                # A refresh after the end, every view says what the result says.
+                after = [r for r in readings if r["t"] > ended + REFRESH]
+                assert after, readings[-3:]
+                for r in after:
+                    texts = {name: _text(value) for name, value in r["texts"].items()}
+                    figures = {name.split("_")[1] for name in texts}
+                    for figure in figures:
+                        said = {name: value for name, value in texts.items() if name.endswith("_" + figure)}
+                        assert len(set(said.values())) == 1 and None not in said.values(), f"{kind}: {said}"
+                    for views in pairs[:1]:
+                        assert len({r[v] for v in views}) == 1, f"{kind}: {[(v, r[v]) for v in views]}"
+                page.screenshot(path=str(ARTIFACTS / f"one-truth-run-{kind}-end.png"))
+            assert not console_problems(console), "\n".join(console[-40:])
+        except (AssertionError, PlaywrightError) as exc:
+            screenshot_failed(page, "one-truth-run-failed.png")
+            raise AssertionError(f"{exc}\n" + "\n".join(console[-30:])) from exc
+        finally:
+            (ARTIFACTS / "one-truth-runs.json").write_text(json.dumps(kept, indent=1, default=_text))
             browser.close()

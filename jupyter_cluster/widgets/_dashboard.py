@@ -585,7 +585,7 @@ _Plots: Any = None
 LIVE_FALLBACK = 10.0
 
 
-def _plots(figures: Any, lock: Any) -> Any:
+def _plots(figures: Any, lock: Any, fallback: float | None = None) -> Any:
     """A ``jupyter_bokeh.BokehModel`` that sends changes only once a view of it is shown.
 
     jupyter_bokeh sends each document change as several comm messages that a view's
@@ -595,7 +595,9 @@ def _plots(figures: Any, lock: Any) -> Any:
     (``_view_count``); then every view gets the whole document (``render_bundle``), and
     changes flow. ``lock`` is the lock its owner changes the document under. Its
     ``close`` may run twice (jupyter_bokeh's own raises the second time, which garbage
-    collection does after an explicit close).
+    collection does after an explicit close). ``fallback``: seconds after which changes flow though no view was
+    counted (a cell that blocks while its widget draws, as ``jc.tune`` does, holds back the frontend's count
+    until it ends).
     """
     global _Plots
     if _Plots is None:
@@ -604,13 +606,13 @@ def _plots(figures: Any, lock: Any) -> Any:
         class Plots(BokehModel):
             _closed_once = False
 
-            def __init__(self, figures: Any, lock: Any) -> None:
+            def __init__(self, figures: Any, lock: Any, fallback: float) -> None:
                 self.live = False
                 self._owner_lock = lock
                 super().__init__(figures)
                 self._view_count = 0  # the frontend counts the views it displays
                 self.observe(self._on_views, names="_view_count")
-                timer = threading.Timer(LIVE_FALLBACK, self._fallback)
+                timer = threading.Timer(fallback, self._fallback)
                 timer.daemon = True
                 timer.start()
 
@@ -642,7 +644,7 @@ def _plots(figures: Any, lock: Any) -> Any:
                     super().close()
 
         _Plots = Plots
-    return _Plots(figures, lock)
+    return _Plots(figures, lock, LIVE_FALLBACK if fallback is None else fallback)
 
 
 def dashboard(cluster: Cluster, window: float = 300.0) -> Dashboard:

@@ -56,6 +56,12 @@ TABLE_STYLE = (
 )
 
 
+#: Seconds after which a run's curves draw live though the frontend has not said a view is shown: the cell that
+#: runs ``jc.tune`` or ``jc.train_torch`` blocks until the run ends, and the kernel reads the frontend's count only
+#: then. The view is shown with the widget, at once, before the first result (the run starts Ray workers first).
+LIVE_AFTER = 1.0
+
+
 def fmt(value: Any) -> str:
     return html.escape(format_metric(value))
 
@@ -84,7 +90,7 @@ class RunView(ipywidgets.VBox):
         self.latency: list[tuple[float, float]] = []
         self._arrived: list[float] = []  # when the reports not drawn yet were made
         self.layout_root = column(name="jupyter-cluster-run")
-        self.plots = _plots(self.layout_root, self._lock)
+        self.plots = _plots(self.layout_root, self._lock, fallback=LIVE_AFTER)
         self.header = ipywidgets.HTML(value=self._header())
         self.table = ipywidgets.HTML(value="")
         super().__init__(children=[self.header, self.plots, self.table])
@@ -145,7 +151,13 @@ class RunView(ipywidgets.VBox):
             self.ended(result)
         self.redraw(now=True)
         if self._display is not None:
-            in_current_cell(self._display.update, self._bundle(), raw=True)
+            # The run ended: its widget gives way to what it showed, as static HTML (with the picture of its curves
+            # below), which a saved notebook keeps. The widget's own bundle again would make JupyterLab build its
+            # views anew, and BokehJS then replays the curves' streamed rows onto the whole document: each trial's
+            # first points twice.
+            with self._lock:
+                final = {"text/html": self.snapshot(), "text/plain": repr(self)}
+            in_current_cell(self._display.update, final, raw=True)
         if self._picture is not None:
             with self._lock:
                 svg = self.picture()

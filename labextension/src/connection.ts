@@ -306,7 +306,7 @@ export class KernelConnection implements IClusterConnection, IDisposable {
   private _pending = new Map<number, IPending>();
   private _lastRequest = 0;
   private _visible = false;
-  private _interval = 2;
+  private _interval = 1;
   private _timeout: number;
   private _isDisposed = false;
 }

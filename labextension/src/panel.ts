@@ -32,7 +32,7 @@ export interface IPanelSettings {
 
 export const DEFAULT_SETTINGS: IPanelSettings = {
   sections: ['link', 'nodes', 'cells', 'actors', 'runs', 'forwards'],
-  refreshInterval: 2,
+  refreshInterval: 1,
   confirmDown: true
 };
 

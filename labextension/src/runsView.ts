@@ -2,7 +2,7 @@
  * The notebook's trainings (`jc.train_torch`) and sweeps (`jc.tune`).
  */
 
-import { formatDuration, formatMetric } from './format';
+import { formatDuration, formatMetric, formatTook } from './format';
 import { IRunState } from './messages';
 import { ClusterModel } from './model';
 import { SectionView, element, emptyLine } from './section';
@@ -22,8 +22,22 @@ export class RunsView extends SectionView {
     super('runs', 'Trainings and sweeps', ['runs']);
   }
 
+  private _clocks: { node: HTMLElement; since: number }[] = [];
+
   protected render(model: ClusterModel): void {
-    const rows = model.runs.map(run => runRow(run));
+    this._clocks = [];
+    const rows = model.runs.map(run => runRow(run, this._clocks));
+    // A running run's time goes on between the kernel's messages (a training reports only now and then).
+    this.setClock(
+      this._clocks.length > 0
+        ? () => {
+            const t = Date.now() / 1000;
+            for (const clock of this._clocks) {
+              clock.node.textContent = formatDuration(t - clock.since);
+            }
+          }
+        : null
+    );
     this.body.replaceChildren(
       ...(rows.length > 0
         ? rows
@@ -52,16 +66,30 @@ export function countsText(counts: { [state: string]: number }): string {
     .join(' · ');
 }
 
-function runRow(run: IRunState): HTMLElement {
+function runRow(
+  run: IRunState,
+  clocks: { node: HTMLElement; since: number }[]
+): HTMLElement {
   const row = element('div', `jc-run jc-status-${run.status}`);
   row.dataset.runId = run.id;
   const end = run.finished ?? Date.now() / 1000;
+  // Running: a clock; ended: its run time, as the run's widget and result write it.
+  const elapsed = element(
+    'span',
+    'jc-elapsed',
+    run.finished !== null
+      ? formatTook(end - run.started)
+      : formatDuration(end - run.started)
+  );
+  if (run.finished === null) {
+    clocks.push({ node: elapsed, since: run.started });
+  }
   const main = element('div', 'jc-row-main');
   main.append(
     element('span', 'jc-badge', run.status),
     element('span', 'jc-run-label', run.label),
     element('span', 'jc-tag', run.kind),
-    element('span', 'jc-elapsed', formatDuration(end - run.started))
+    elapsed
   );
   const detail = [metricText(run), countsText(run.counts)].filter(Boolean);
   row.append(main);

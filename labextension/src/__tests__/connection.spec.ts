@@ -13,7 +13,7 @@ describe('KernelConnection', () => {
     const comm = kernel.openFromKernel(fx.hello);
     expect(connection.isOpen).toBe(true);
     expect(connection.model.loaded).toBe(true);
-    expect(comm.sent).toEqual([{ type: 'watch', visible: false, interval: 2 }]);
+    expect(comm.sent).toEqual([{ type: 'watch', visible: false, interval: 1 }]);
 
     comm.receive(fx.linkConnected);
     comm.receive(fx.nodes);
@@ -30,12 +30,12 @@ describe('KernelConnection', () => {
   it('tells the kernel its visibility only when it changes', () => {
     const { comm, connection } = connected([fx.hello]);
     comm.sent = [];
-    connection.watch(true, 2);
-    connection.watch(true, 2);
+    connection.watch(true, 1);
+    connection.watch(true, 1);
     connection.watch(true, 0.5);
     connection.watch(false, 0.5);
     expect(comm.sent).toEqual([
-      { type: 'watch', visible: true, interval: 2 },
+      { type: 'watch', visible: true, interval: 1 },
       { type: 'watch', visible: true, interval: 0.5 },
       { type: 'watch', visible: false, interval: 0.5 }
     ]);
@@ -137,7 +137,7 @@ describe('KernelConnection', () => {
     it('opens a comm with the watch command and waits for hello', async () => {
       const kernel = new FakeKernel();
       const connection = new KernelConnection(kernel.asKernel());
-      connection.watch(true, 2);
+      connection.watch(true, 1);
       const probed = connection.probe();
       expect(kernel.comms).toHaveLength(1);
       const comm = kernel.comms[0];
@@ -145,7 +145,7 @@ describe('KernelConnection', () => {
       expect(comm.opened).toEqual({
         type: 'watch',
         visible: true,
-        interval: 2
+        interval: 1
       });
       comm.receive(fx.hello);
       await probed;

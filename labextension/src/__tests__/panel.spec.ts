@@ -144,7 +144,7 @@ describe('ClusterPanel', () => {
     expect(kernel.comms[0].opened).toEqual({
       type: 'watch',
       visible: true,
-      interval: 2
+      interval: 1
     });
     kernel.comms[0].closeFromKernel();
     expect(startShown()).toBe(true);
@@ -183,7 +183,7 @@ describe('ClusterPanel', () => {
 
     tracker.activate(b);
     expect(sectionsShown()).toBe(false);
-    expect(comm.sent).toEqual([{ type: 'watch', visible: false, interval: 2 }]);
+    expect(comm.sent).toEqual([{ type: 'watch', visible: false, interval: 1 }]);
 
     tracker.activate(a);
     expect(sectionsShown()).toBe(true);
@@ -192,7 +192,7 @@ describe('ClusterPanel', () => {
     expect(comm.sent.pop()).toEqual({
       type: 'watch',
       visible: true,
-      interval: 2
+      interval: 1
     });
   });
 
@@ -207,8 +207,8 @@ describe('ClusterPanel', () => {
     panel.settings = { ...DEFAULT_SETTINGS, refreshInterval: 0.5 };
     Widget.detach(panel);
     expect(comm.sent).toEqual([
-      { type: 'watch', visible: false, interval: 2 },
-      { type: 'watch', visible: true, interval: 2 },
+      { type: 'watch', visible: false, interval: 1 },
+      { type: 'watch', visible: true, interval: 1 },
       { type: 'watch', visible: true, interval: 0.5 },
       { type: 'watch', visible: false, interval: 0.5 }
     ]);

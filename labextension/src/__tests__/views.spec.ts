@@ -253,8 +253,14 @@ describe('RunsView', () => {
     expect(text(train.querySelector('.jc-row-detail'))).toBe(
       'last accuracy 0.931 · 2 running'
     );
-    expect(text(train.querySelector('.jc-elapsed'))).toBe('10m 00s');
+    // Ended: its run time, as its widget and result write it.
+    expect(text(train.querySelector('.jc-elapsed'))).toBe('10 min 00 s');
     expect(train.classList).toContain('jc-status-done');
+    // Running: its clock goes on between messages.
+    jest.advanceTimersByTime(3000);
+    expect(text(tune.querySelector('.jc-elapsed'))).toBe('2m 08s');
+    expect(text(train.querySelector('.jc-elapsed'))).toBe('10 min 00 s');
+    jest.useRealTimers();
   });
 });
 
