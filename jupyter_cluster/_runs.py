@@ -145,7 +145,11 @@ class TrainResult:
     def __repr__(self) -> str:
         state = f"failed: {type(self.error).__name__}: {self.error}" if self.error else "done"
         shown = ", ".join(f"{k}={format_metric(v)}" for k, v in list(self.final.items())[:6])
-        return f"<TrainResult {state} in {format_duration(self.elapsed)}; {len(self.reports)} reports; {shown}>"
+        # As its view counts them: reports made (each worker makes each one), and the workers that made them.
+        made = max((r.get("report", 0) for r in self.reports), default=0)
+        workers = len({r.get("rank") for r in self.reports})
+        per = f" by {workers} workers" if workers > 1 else ""
+        return f"<TrainResult {state} in {format_duration(self.elapsed)}; {made} reports{per}; {shown}>"
 
 
 @dataclass

@@ -15,10 +15,10 @@ The pictures, in docs/images/ (``--only`` takes their names, with or without the
   dashboard, put a value in the object store and run a ``--map`` cell, with the sidebar beside them;
 * ``tour.gif``: that ``--map`` cell running, its bar filling, the sidebar showing the running cell and the node's
   load, the dashboard moving (the README's first picture);
-* ``training.png``: the training view of examples/03-train-torch.ipynb's run once it ended (the notebook run up
-  to it, the left panel closed: the view draws three plots to a row);
+* ``training.png``: the output of examples/03-train-torch.ipynb's training run once it ended (the notebook run up
+  to it, the left panel closed): its last header and table, and the picture of its curves;
 * ``sidebar.png``: examples/04-tune-asha.ipynb up to its sweep, taken while the sweep runs;
-* ``trials.png``: the trials view of that sweep once it ended.
+* ``trials.png``: the output of that sweep once it ended: its last header and table, and the picture of its curves.
 
 Each file written is printed with its size; look at every one before committing it. ``--keep FOLDER`` also keeps
 every frame of the animation and the full page at each step there.
@@ -127,7 +127,7 @@ STATE_COUNTS_JS = """
       const data = model.data;
       if (!data || typeof data !== "object" || !("count" in data)) continue;
       const counts = {};
-      data.y.forEach((row, i) => { if (row[0] === "tasks") counts[row[1]] = data.count[i]; });
+      data.y.forEach((row, i) => { counts[row[0] + " " + row[1]] = data.count[i]; });
       return counts;
     }
   }
@@ -136,7 +136,7 @@ STATE_COUNTS_JS = """
 """
 
 
-#: The box of what an element draws (its text and canvases, Bokeh's shadow roots included), in page pixels.
+#: The box of what an element draws (its text, canvases and images, Bokeh's shadow roots included), in page pixels.
 CONTENT_BOX_JS = """
 (root) => {
   const box = {left: Infinity, top: Infinity, right: -Infinity, bottom: -Infinity};
@@ -155,7 +155,7 @@ CONTENT_BOX_JS = """
     }
     for (const el of node.querySelectorAll("*")) {
       if (el.shadowRoot) walk(el.shadowRoot);
-      if (el.tagName === "CANVAS") add(el.getBoundingClientRect());
+      if (el.tagName === "CANVAS" || el.tagName === "IMG") add(el.getBoundingClientRect());
     }
   };
   walk(root);
@@ -439,10 +439,11 @@ def scene_watching(shots: Shots, names: set[str]) -> None:
     if "tour.gif" in names:
         write_gif(shots, "tour.gif", frames, times)
 
-    # The dashboard once Ray's task counts (reported every few seconds) have the cell's tasks ended.
+    # The dashboard once the map's end shows in it, Ray's task counts (reported every few seconds) included.
     try:
         page.wait_for_function(
-            f"() => {{ const c = ({STATE_COUNTS_JS})(); return !!c && c.finished > 0 && !c.running && !c.pending; }}",
+            f"() => {{ const c = ({STATE_COUNTS_JS})(); return !!c && c['map items done'] > 0"
+            " && !c['cells running'] && !c['Ray tasks running'] && !c['Ray tasks pending']; }",
             timeout=40_000,
             polling=500,
         )
@@ -503,14 +504,16 @@ def scene_training(shots: Shots, names: set[str]) -> None:
     shots.open("train-torch.ipynb", sidebar=False)
     for index in code_indexes(shots, train):
         shots.run(index, timeout=600)
-    view = shots.page.locator(".jupyter-cluster-run").first
+    view = shots.page.locator(".jp-Notebook .jp-Cell").nth(train).locator(".jp-Cell-outputArea")
     shots.keep_page("training-page.png")
-    print(f"  {view.locator('.widget-html').first.inner_text().strip()}")
+    print(f"  {view.locator('.jc-run-snapshot').first.inner_text().strip().splitlines()[0]}")
     shots.view_png("training.png", view)
 
 
 def scene_tune(shots: Shots, names: set[str]) -> None:
     """sidebar.png while examples/04-tune-asha.ipynb's sweep runs; trials.png once it ended."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     sweep = copy_example("04-tune-asha.ipynb", shots.lab.root / "tune-asha.ipynb", lambda s: "jc.tune(" in s)
     shots.open("tune-asha.ipynb")
     page = shots.page
@@ -532,13 +535,27 @@ def scene_tune(shots: Shots, names: set[str]) -> None:
     )
     if shots.ran(sweep):
         print("  the sweep ended before a trial ended while another ran: the sidebar shows it done")
+    # An instant when the widget and the sidebar show the same best (each redraws on its own tick: one may be a
+    # result ahead for a moment, which the one-truth browser test bounds).
+    try:
+        page.wait_for_function(
+            "() => { const h = document.querySelector('.jupyter-cluster-run .widget-html');"
+            f" const r = document.querySelector('{SIDEBAR} .jc-run .jc-row-detail');"
+            " const best = (t) => ((t || '').match(/best \\S+ (\\S+)/) || [])[1];"
+            " return !!h && !!r && !!best(h.innerText) && best(h.innerText) === best(r.innerText); }",
+            timeout=15_000,
+            polling=100,
+        )
+    except PlaywrightTimeout:
+        print("  the widget and the sidebar did not show the same best within 15 s")
     if "sidebar.png" in names:
         shots.unclip_sidebar()
         shots.scroll_to(sweep)
         shots.png("sidebar.png")
     shots.wait_ran(sweep, timeout=900)
     shots.keep_page("tune-page.png")
-    print(f"  {view.locator('.widget-html').first.inner_text().strip()}")
+    view = page.locator(".jp-Notebook .jp-Cell").nth(sweep).locator(".jp-Cell-outputArea")  # its snapshot, picture
+    print(f"  {view.locator('.jc-run-snapshot').first.inner_text().strip().splitlines()[0]}")
     if "trials.png" in names:
         shots.close_left()  # the header on one line
         shots.view_png("trials.png", view)

@@ -44,8 +44,9 @@ def test_gpus_tasks_and_actors() -> None:
     assert node["gpus"]["1"]["utilization"] == 13.0
     assert node["store"] == {"MMAP_SHM": 1.5e9, "SPILLED": 5.0e8} and node["store_used"] == 2.0e9
     assert node["store_total"] == 4.0e9 and node["resources"]["GPU"] == (2.0, 2.0)
-    assert node["tasks"] == {"RUNNING": 2.0, "PENDING_NODE_ASSIGNMENT": 3.0, "FINISHED": 10.0}
+    assert node["tasks"] == {"RUNNING": 2.0, "PENDING_NODE_ASSIGNMENT": 3.0}  # what the user's code started
     assert node["actors"] == {"ALIVE": 1.0}
+    assert node["cell_tasks"] == {"FINISHED": 10.0} and node["cell_actors"] == {"ALIVE": 1.0}  # the cells' own
 
 
 def test_only_what_changed_is_sent() -> None:
@@ -88,18 +89,20 @@ def _task_lines(rows: list[tuple[str, str, str, str, float]]) -> str:
     )
 
 
-def test_the_systems_tasks_and_actors_are_counted_apart_and_no_count_is_negative() -> None:
+def test_the_systems_and_the_cells_tasks_and_actors_are_counted_apart_and_no_count_is_negative() -> None:
     from jupyter_cluster.widgets._dashboard import state_groups, system_said
 
     node = summarize(
         _task_lines(
             [
-                ("tasks", "run_cell_task", "RUNNING", "executor", 1),
-                ("tasks", "run_cell_task", "FINISHED", "owner", 3),
+                ("tasks", "step", "RUNNING", "executor", 1),
+                ("tasks", "step", "FINISHED", "owner", 3),
                 # Ray counts a state where a task is owned and where it runs: read a moment apart, -1
-                ("tasks", "run_cell_task", "SUBMITTED_TO_WORKER", "owner", -1),
+                ("tasks", "step", "SUBMITTED_TO_WORKER", "owner", -1),
+                ("tasks", "run_map_chunk", "RUNNING", "executor", 2),  # a map's chunks: the cells' own
+                ("actors", "counter:CellNamespace.run", "ALIVE", "gcs", 1),
                 ("tasks", "OutputRelay.push", "FAILED", "owner", 1),  # this project's own helper
-                ("actors", "CellNamespace", "ALIVE", "gcs", 1),
+                ("actors", "Counter", "ALIVE", "gcs", 1),  # the user's own actor class
                 ("actors", "TrainController", "ALIVE", "gcs", 1),  # Ray Train's own actor
                 ("actors", "OutputRelay", "DEAD", "gcs", 1),
                 ("tasks", "join_lists", "RUNNING", "executor", 1),
@@ -110,6 +113,7 @@ def test_the_systems_tasks_and_actors_are_counted_apart_and_no_count_is_negative
     assert node["actors"] == {"ALIVE": 1.0}
     assert node["system_actors"] == {"ALIVE": 1.0, "DEAD": 1.0}
     assert node["system_tasks"] == {"FAILED": 1.0, "RUNNING": 1.0}
+    assert node["cell_tasks"] == {"RUNNING": 2.0} and node["cell_actors"] == {"ALIVE": 1.0}
     groups = state_groups(totals([node]))
     assert groups[("tasks", "pending")] == 0.0, "a count below zero is shown as none"
     assert ("tasks", "failed") not in groups and ("actors", "dead") not in groups, "the system's failures are apart"

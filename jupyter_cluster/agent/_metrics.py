@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ._raylog import is_system
+from ._raylog import kind_of
 
 #: The families drawn, and nothing else.
 FAMILIES = (
@@ -33,8 +33,9 @@ FAMILIES = (
     "ray_tasks",
     "ray_actors",
 )
-#: Tasks and actors by state: the user's, and the system's (see :func:`._raylog.is_system`).
-STATE_KINDS = ("tasks", "actors", "system_tasks", "system_actors")
+#: Tasks and actors by state: those the user's code started, the system's and the cells' own (see
+#: :func:`._raylog.kind_of`).
+STATE_KINDS = ("tasks", "actors", "system_tasks", "system_actors", "cell_tasks", "cell_actors")
 _PREFIXES = tuple(f"{name}{{" for name in FAMILIES) + tuple(f"{name} " for name in FAMILIES)
 _MB = 1 << 20
 
@@ -109,7 +110,7 @@ def summarize_samples(samples: Iterable[Sample]) -> NodeSample:
             total += value
             node["resources"][labels.get("Name", "")] = (used, total)
         elif name in ("ray_tasks", "ray_actors"):
-            states = node[("system_" if is_system(labels.get("Name", "")) else "") + name[4:]]
+            states = node[kind_of(labels.get("Name", "")) + name[4:]]
             states[labels.get("State", "")] = states.get(labels.get("State", ""), 0.0) + value
         elif name.startswith(("ray_node_gpus_", "ray_node_gram_")):
             gpu = node["gpus"].setdefault(labels.get("GpuIndex", "0"), {"name": labels.get("GpuDeviceName", "")})

@@ -29,7 +29,7 @@ import urllib.request
 from typing import Any
 
 from ._metrics import FAMILIES, STATE_KINDS, NodeSample, Sample, summarize_samples
-from ._raylog import OWN_TASKS, RAY_ACTORS
+from ._raylog import CELL_TASKS, OWN_TASKS, RAY_ACTORS
 
 #: Ray's setting for where its dashboard finds Prometheus (and its default).
 PROMETHEUS_ENV = "RAY_PROMETHEUS_HOST"
@@ -43,16 +43,20 @@ TOTALS = {
     "gpu": "avg(ray_node_gpus_utilization{s})",
     "store_used": "sum(ray_object_store_memory{s})",
     "store_total": 'sum(ray_resources{s, Name="object_store_memory"})',
-    "tasks": "sum by (State) (ray_tasks{s, Name!~SYSTEM})",
-    "actors": "sum by (State) (ray_actors{s, Name!~SYSTEM})",
+    "tasks": "sum by (State) (ray_tasks{s, Name!~SYSTEM, Name!~CELLS})",
+    "actors": "sum by (State) (ray_actors{s, Name!~SYSTEM, Name!~CELLS})",
     "system_tasks": "sum by (State) (ray_tasks{s, Name=~SYSTEM})",
     "system_actors": "sum by (State) (ray_actors{s, Name=~SYSTEM})",
+    "cell_tasks": "sum by (State) (ray_tasks{s, Name=~CELLS})",
+    "cell_actors": "sum by (State) (ray_actors{s, Name=~CELLS})",
     "count": "count(ray_node_cpu_utilization{s})",
 }
 
 
 #: The names of the system's tasks and actors (see :func:`._raylog.is_system`), as a PromQL regex.
 SYSTEM = '"(.*:)?(' + "|".join(sorted(RAY_ACTORS | OWN_TASKS)) + r')(\\..*)?"'
+#: The names of the cells' own tasks and actors (:data:`._raylog.CELL_TASKS`), as a PromQL regex.
+CELLS = '"(.*:)?(' + "|".join(sorted(CELL_TASKS)) + r')(\\..*)?"'
 
 
 class PrometheusError(Exception):
@@ -69,7 +73,7 @@ def totals_query(session: str) -> str:
     parts = []
     for field, expr in TOTALS.items():
         inner = expr.replace("{s}", "{" + selector + "}").replace("{s, ", "{" + selector + ", ")
-        inner = inner.replace("~SYSTEM", "~" + SYSTEM)
+        inner = inner.replace("~SYSTEM", "~" + SYSTEM).replace("~CELLS", "~" + CELLS)
         parts.append(f'label_replace({inner}, "q", "{field}", "", "")')
     return " or ".join(parts)
 

@@ -76,6 +76,11 @@ OWN_TASKS = frozenset(
     }
 )
 
+#: The tasks and actors that run the cells themselves: a cell's task, a map's chunks, ``jc.map``'s calls, an actor
+#: cell's namespace. The cells' progress counts them exactly, as they start and end; Ray's gauges, seconds behind,
+#: count them apart from the tasks and actors the cells' code starts on its own.
+CELL_TASKS = frozenset({"run_cell_task", "run_map_chunk", "run_function", "CellNamespace"})
+
 #: What a Ray record says of its level, as a letter (glog's).
 LEVELS = ((logging.ERROR, "E"), (logging.WARNING, "W"), (logging.INFO, "I"))
 #: The letters counted as warnings in a cell's note.
@@ -92,6 +97,15 @@ def is_system(name: str) -> bool:
     user's work."""
     head = name.rsplit(":", 1)[-1].split(".", 1)[0]
     return head in RAY_ACTORS or head in OWN_TASKS
+
+
+def kind_of(name: str) -> str:
+    """Whose a task or actor named ``name`` (Ray's ``Name`` label) is: ``"system_"`` (see :func:`is_system`),
+    ``"cell_"`` (a cell's own: :data:`CELL_TASKS`) or ``""`` (what the user's code started), as the prefix of the
+    sample's field that counts it."""
+    if is_system(name):
+        return "system_"
+    return "cell_" if name.rsplit(":", 1)[-1].split(".", 1)[0] in CELL_TASKS else ""
 
 
 def marked(line: str) -> tuple[str, str] | None:
@@ -209,6 +223,7 @@ def marking_sink(stream: Any) -> Sink:
 
 
 __all__ = [
+    "CELL_TASKS",
     "CORE_LINE",
     "MARK_RAY",
     "OWN_TASKS",
@@ -217,6 +232,7 @@ __all__ = [
     "install",
     "is_rays",
     "is_system",
+    "kind_of",
     "level_letter",
     "marked",
     "marking_sink",

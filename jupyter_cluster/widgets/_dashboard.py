@@ -41,9 +41,10 @@ AGE_SAID = 2.0
 STATES = {"cells": "#59a14f", "map items": "#8cd17d", "Ray tasks": "#4c78a8", "Ray actors": "#b279a2"}
 #: The rows of the work plot, fixed (so the plot never needs new rows). The cells' own work first, counted from
 #: the agent's events as the cells' progress bars and the sidebar count it (the kernel's cells, read at the same
-#: tick); then what only Ray knows, from its gauges (a few seconds behind): every task and actor of the user's,
-#: those the cells' code started on its own included. A map's items and Ray's tasks are different things: a map
-#: of 24 items runs them in chunks, a Ray task each.
+#: tick); then what only Ray knows, from its gauges (a few seconds behind): the tasks and actors the cells' code
+#: started on its own (the tasks that run the cells themselves, a map's chunks among them, are the rows above, and
+#: not counted again). A map's items and Ray's tasks are different things: a map of 24 items runs them in chunks,
+#: a Ray task each.
 WORK = (
     ("cells", "running"),
     ("cells", "queued"),
@@ -130,7 +131,7 @@ def system_said(cluster: NodeSample) -> str:
 
 
 def work_counts(cells: Iterable[Any], last_map: Any = None, *, cluster: NodeSample) -> dict[tuple[str, str], float]:
-    """Every row of :data:`WORK`: the cells' own work and Ray's counts of the user's tasks and actors."""
+    """Every row of :data:`WORK`: the cells' own work and Ray's counts of the tasks and actors their code started."""
     groups = state_groups(cluster)
     work = cells_work(cells, last_map)
     for kind, group in WORK[5:]:
@@ -278,7 +279,7 @@ class Dashboard(ipywidgets.VBox):
         self.node_plot.ygrid.grid_line_color = None
 
         self.state_plot = figure(
-            title="The cells' work, then Ray's counts",
+            title="The cells, then what their code started",
             y_range=self._state_factors,
             x_range=DataRange1d(start=0, range_padding=0.25),
             width=320,
