@@ -107,6 +107,8 @@ class Cluster:
         self.kind = kind
         self.threshold = threshold
         self.cells: dict[str, RemoteCell] = {}
+        #: The last ``--map`` cell that ended (a dashboard opened after it shows its items as it ended).
+        self.last_map: RemoteCell | None = None
         #: The cells sent, latest last: cell id -> label (the last :data:`HISTORY_KEPT`; what timelines name).
         self.history: OrderedDict[str, str] = OrderedDict()
         #: Called by :meth:`down`, last first: each stops something this cluster started.
@@ -369,6 +371,8 @@ class Cluster:
 
     def _forget_cell(self, cell: RemoteCell) -> None:
         self.cells.pop(cell.cell_id, None)
+        if cell.mode == "map" and (self.last_map is None or cell.submitted >= self.last_map.submitted):
+            self.last_map = cell
 
     @staticmethod
     def _options(

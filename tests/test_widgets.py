@@ -204,6 +204,9 @@ def test_the_dashboard_counts_the_cells_work_as_their_progress_bars_do(kernel: K
     snapshot = _value(kernel, "dash3.snapshot()")
     assert "cells: 0 running, 0 queued" in snapshot, snapshot
     kernel.ok("dash3.close()")
+    # A dashboard opened after the map ended shows it as it ended too.
+    kernel.ok("dash4 = jc.dashboard()\nlater = dash4.snapshot()\ndash4.close()")
+    assert "map items: 24 done, 0 running, 0 waiting" in _value(kernel, "later")
 
 
 def test_gpus_from_the_reporter_agents_metric_names(kernel: Kernel) -> None:

@@ -279,7 +279,7 @@ class Dashboard(ipywidgets.VBox):
         self.node_plot.ygrid.grid_line_color = None
 
         self.state_plot = figure(
-            title="The cells, then what their code started",
+            title="The cells' work",
             y_range=self._state_factors,
             x_range=DataRange1d(start=0, range_padding=0.25),
             width=320,
@@ -506,6 +506,8 @@ class Dashboard(ipywidgets.VBox):
         """The cluster's cells now, and the last ``--map`` cell seen (kept, to show its items as it ended)."""
         cells = list(self.cluster.cells.values())
         maps = [cell for cell in cells if cell.mode == "map"]
+        if self._last_map is None:  # opened after a map ended: that one
+            self._last_map = getattr(self.cluster, "last_map", None)
         if maps:
             self._last_map = max(maps, key=lambda cell: cell.submitted)
         return cells, self._last_map
