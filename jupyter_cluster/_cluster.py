@@ -37,6 +37,7 @@ from ._forward import PortForward, check_port, open_forward, ssh_opener
 from ._handles import ObjectHandle, format_size, parse_size
 from ._inputs import InputLedger, pickle_value
 from ._link import AgentLink, UnixTransport
+from ._links import browser_url
 from ._local import EmbeddedAgent
 from ._modules import NotebookModules
 from ._status import ClusterLogs, ClusterStatus
@@ -818,7 +819,7 @@ class Cluster:
         return ClusterStatus(
             data,
             self.kind,
-            self.dashboard_url,
+            browser_url(self.dashboard_url),
             link,
             self.python,
             forwards,

@@ -24,6 +24,7 @@ from typing import Any
 
 from ._errors import ClusterConnectionError
 from ._link import _LoopThread
+from ._links import browser_url
 
 log = logging.getLogger("jupyter_cluster")
 
@@ -80,7 +81,14 @@ class PortForward:
 
     @property
     def url(self) -> str:
+        """The address code in this kernel reaches it at."""
         return f"http://127.0.0.1:{self.local_port}"
+
+    @property
+    def link(self) -> str:
+        """The address a person's browser reaches it at: through the Jupyter server's proxy where the kernel runs
+        under one (see :mod:`.._links`), else :attr:`url`."""
+        return browser_url(self.url) or self.url
 
     @property
     def relays(self) -> bool:
@@ -93,7 +101,9 @@ class PortForward:
 
     def describe(self) -> str:
         """One line for ``%cluster status``."""
-        line = f"{self.url} -> {self.where}:{self.remote_port}"
+        line = f"{self.link} -> {self.where}:{self.remote_port}"
+        if self.link != self.url:
+            line += f" (from code in this kernel: {self.url})"
         if not self.relays:
             line += " (the same port: the cluster runs on this machine)"
         if self.last_error:

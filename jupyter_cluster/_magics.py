@@ -337,7 +337,9 @@ class ClusterMagics(Magics):
             forward = attached._open_forward(args.port, args.local)
         except ValueError as exc:
             raise UsageError(f"%cluster forward: {exc}") from None
-        print(f"{forward.url} -> port {forward.remote_port} of the {forward.where}")
+        print(f"{forward.link} -> port {forward.remote_port} of the {forward.where}")
+        if forward.link != forward.url:
+            print(f"(code in this kernel reaches it at {forward.url})")
         if forward.note:
             print(f"Note: {forward.note} yet; the forward reaches it once something listens there.", file=sys.stderr)
 

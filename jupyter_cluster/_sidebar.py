@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from . import _cluster
 from ._feed import MetricsFeed
 from ._handles import format_metric
+from ._links import browser_url
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -462,7 +463,7 @@ def link_state(cluster: Cluster) -> dict[str, Any]:
         "error": info.get("error"),
         "ray": cluster.ray_version,
         "python": cluster.python,
-        "ray_dashboard": cluster.dashboard_url,
+        "ray_dashboard": browser_url(cluster.dashboard_url),  # as the browser reaches it (see _links)
     }
 
 
@@ -575,12 +576,13 @@ def forwards(cluster: Cluster | None) -> list[dict[str, str]]:
 
     found = []
     if cluster.dashboard_url and cluster.kind != "embedded local":  # the embedded cluster's own is no forward
-        found.append({"name": "Ray dashboard", "local": cluster.dashboard_url, "remote": f"head:{DASHBOARD_PORT}"})
+        link = browser_url(cluster.dashboard_url) or ""
+        found.append({"name": "Ray dashboard", "local": link, "remote": f"head:{DASHBOARD_PORT}"})
     for forward in cluster.forwards:
         remote = f"{forward.where}:{forward.remote_port}"
         if forward.last_error:
             remote += f" (last connection failed: {forward.last_error})"
-        found.append({"name": f"port {forward.remote_port}", "local": forward.url, "remote": remote})
+        found.append({"name": f"port {forward.remote_port}", "local": forward.link, "remote": remote})
     return found
 
 
