@@ -15,7 +15,8 @@
 #   2. PyTorch (torch==2.13.0, the CPU build) unless torch is importable, then the project,
 #      editable, with its dev extras: pip install -e ".[dev]", which builds the JupyterLab
 #      sidebar (labextension/: jlpm install and build, so Node 18 or later must be on PATH).
-#   3. The `python3` Jupyter kernel, into this environment: python -m ipykernel install --sys-prefix.
+#   3. configurable-http-proxy (JupyterHub's proxy, from npm) into this environment's prefix, and the `python3`
+#      Jupyter kernel: python -m ipykernel install --sys-prefix.
 #   4. The tests: the layers of the kernel side (lint-imports, pyproject.toml's [tool.importlinter]); then
 #      with PYTEST ARGS, python -m pytest -x -q PYTEST ARGS...; without, the sidebar's
 #      unit tests (jest, in labextension/), then the whole suite as two pytest processes side
@@ -90,6 +91,14 @@ fi
 echo "::: the project: pip install -e \".[dev]\" ($PYTHON)"
 "$PYTHON" -m pip install -e ".[dev]"
 
+# configurable-http-proxy, JupyterHub's proxy (npm's), into this environment: tests/test_jupyterhub.py finds it
+# under sys.prefix/node_modules/.bin.
+PREFIX="$("$PYTHON" -c 'import sys; print(sys.prefix)')"
+if [ ! -x "$PREFIX/node_modules/.bin/configurable-http-proxy" ]; then
+    echo "::: configurable-http-proxy (npm), into $PREFIX"
+    (cd "$PREFIX" && npm install --prefix "$PREFIX" --no-audit --no-fund "configurable-http-proxy@5")
+fi
+
 echo "::: the python3 kernel, into $("$PYTHON" -c 'import sys; print(sys.prefix)')"
 "$PYTHON" -m ipykernel install --sys-prefix
 
@@ -134,7 +143,7 @@ echo "::: the sidebar's unit tests: jlpm test (labextension/)"
 
 # The groups run beside the main process, each in a pytest of its own.
 BESIDE=(
-    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_one_truth_browser.py tests/test_environment.py tests/test_widgets.py tests/test_chatter.py tests/test_wheel.py"
+    "tests/test_examples.py tests/test_link_loss.py tests/test_runs.py tests/test_browser.py tests/test_sidebar_browser.py tests/test_one_truth_browser.py tests/test_jupyterhub.py tests/test_environment.py tests/test_widgets.py tests/test_chatter.py tests/test_wheel.py"
 )
 ignore=()
 pids=()
