@@ -78,12 +78,24 @@ def _make_user(name: str) -> Path:
     return Path(pwd.getpwnam(name).pw_dir)
 
 
-def _readable_by_all(path: Path) -> bool:
-    """Whether another user can reach ``path`` (every folder above it searchable by others)."""
-    for part in [path, *path.parents]:
-        if part.exists() and not (part.stat().st_mode & 0o001):
-            return False
-    return True
+@contextlib.contextmanager
+def _reachable(*paths: Path) -> Iterator[None]:
+    """Every folder above ``paths`` searchable by other users (``o+x``, not listable) while the hub runs, as a
+    hub's administrator makes a shared Python reachable: the users' servers run this environment's Python,
+    whose interpreter may live under root's home (pyenv's). Put back as it was after."""
+    changed: list[tuple[Path, int]] = []
+    try:
+        for path in paths:
+            for folder in [*reversed(path.parents), path]:
+                if folder.is_dir():
+                    mode = folder.stat().st_mode
+                    if not mode & 0o001:
+                        folder.chmod(mode | 0o001)
+                        changed.append((folder, mode))
+        yield
+    finally:
+        for folder, mode in reversed(changed):
+            folder.chmod(mode & 0o7777)
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +111,12 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     if chp is None:
         pytest.skip("no configurable-http-proxy (scripts/test.sh installs it: npm install --prefix $VIRTUAL_ENV)")
     here = Path(__file__).resolve().parent.parent
-    if not _readable_by_all(Path(sys.prefix)) or not _readable_by_all(here):
-        pytest.skip(f"{sys.prefix} or {here} is not readable by other users, whom the hub runs servers as")
+    python = Path(os.path.realpath(sys.executable))
+    with _reachable(Path(sys.prefix), Path(sys.base_prefix), python.parent, here):
+        yield from _hub(tmp_path_factory, chp)
+
+
+def _hub(tmp_path_factory: pytest.TempPathFactory, chp: str) -> Iterator[Hub]:
     base = tmp_path_factory.mktemp("hub")
     base.chmod(0o755)
     users = {name: _make_user(name) for name in USERS}
