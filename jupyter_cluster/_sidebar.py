@@ -541,7 +541,8 @@ def run_state(run: Run) -> dict[str, Any]:
     scored = [value for trial, value in last.items() if states.get(trial) != "ERROR"]
     if scored:
         best = min(scored) if mode == "min" else max(scored)
-    if cell.done():  # the run ended: none of its workers or trials runs any more
+    ended = getattr(run, "ended", None)  # set as the run's end event comes, which the cell's may not be yet
+    if ended is not None or cell.done():  # the run ended: none of its workers or trials runs any more
         states = {key: "FINISHED" if state == "RUNNING" else state for key, state in states.items()}
     counts: dict[str, int] = {}
     for state in states.values():
@@ -559,7 +560,7 @@ def run_state(run: Run) -> dict[str, Any]:
         "best_text": None if best is None else format_metric(best),
         "counts": counts,
         "started": run.started,
-        "finished": (run.ended or cell.finished) if cell.done() else None,  # the end its widget and result time
+        "finished": ended or (cell.finished if cell.done() else None),  # the end its widget and result time
         "cell": cell.cell_id,
     }
 

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from .lab import ARTIFACTS, CHROMIUM, KERNEL_IDLE_JS, console_problems, free_port, screenshot_failed
+from .unix_users import make_user, this_python_reachable
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -71,33 +72,6 @@ class Hub:
     users: dict[str, Path]  # user -> home
 
 
-def _make_user(name: str) -> Path:
-    with contextlib.suppress(KeyError):
-        return Path(pwd.getpwnam(name).pw_dir)
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
-    return Path(pwd.getpwnam(name).pw_dir)
-
-
-@contextlib.contextmanager
-def _reachable(*paths: Path) -> Iterator[None]:
-    """Every folder above ``paths`` searchable by other users (``o+x``, not listable) while the hub runs, as a
-    hub's administrator makes a shared Python reachable: the users' servers run this environment's Python,
-    whose interpreter may live under root's home (pyenv's). Put back as it was after."""
-    changed: list[tuple[Path, int]] = []
-    try:
-        for path in paths:
-            for folder in [*reversed(path.parents), path]:
-                if folder.is_dir():
-                    mode = folder.stat().st_mode
-                    if not mode & 0o001:
-                        folder.chmod(mode | 0o001)
-                        changed.append((folder, mode))
-        yield
-    finally:
-        for folder, mode in reversed(changed):
-            folder.chmod(mode & 0o7777)
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     pytest.importorskip("jupyterhub", reason="JupyterHub is not installed (the test extra installs it)")
@@ -110,16 +84,14 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     chp = _chp()
     if chp is None:
         pytest.skip("no configurable-http-proxy (scripts/test.sh installs it: npm install --prefix $VIRTUAL_ENV)")
-    here = Path(__file__).resolve().parent.parent
-    python = Path(os.path.realpath(sys.executable))
-    with _reachable(Path(sys.prefix), Path(sys.base_prefix), python.parent, here):
+    with this_python_reachable():
         yield from _hub(tmp_path_factory, chp)
 
 
 def _hub(tmp_path_factory: pytest.TempPathFactory, chp: str) -> Iterator[Hub]:
     base = tmp_path_factory.mktemp("hub")
     base.chmod(0o755)
-    users = {name: _make_user(name) for name in USERS}
+    users = {name: make_user(name) for name in USERS}
     port, api = free_port(), free_port()
     config = base / "jupyterhub_config.py"
     config.write_text(
