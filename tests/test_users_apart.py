@@ -9,7 +9,9 @@ address. Then, as user B (``jc-hub-bob``), a probe tries each way in and reports
 * read A's Ray token;
 * attach as this product does (the agent's socket, and the session's secret, which only A's agent process holds
   in its environment: ``/proc/PID/environ``);
-* join A's Ray as a driver (``ray.init(address=...)``), with B's own token and without one: Ray's token stops it.
+* join A's Ray as a driver (``ray.init(address=...)``) with a token of B's own: Ray's token stops it. (Ray's
+  servers listen on every interface: ``tests/test_ports.py``. The token is what keeps B out, so the agent keeps it
+  0600 in a 0700 ``~/.ray``: Ray 2.60 writes it readable by all.)
 
 Each must fail, and for the reason expected (permission, or Ray's authentication), not by chance.
 """
@@ -60,7 +62,11 @@ def attempt(name, fn):
     try:
         out[name] = [True, repr(fn())[:300]]
     except BaseException as exc:
-        out[name] = [False, f"{type(exc).__name__}: {exc}"[:600]]
+        said, cause = [], exc
+        while cause is not None:  # the whole chain: Ray's ConnectionError says why only in its cause
+            said.append(f"{type(cause).__name__}: {cause}"[:3000])
+            cause = cause.__cause__
+        out[name] = [False, " <- ".join(said)]
 def connect():
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(5)
@@ -74,6 +80,7 @@ attempt("token", lambda: open(a["token"]).read())
 attempt("secret", lambda: open(f"/proc/{a['pid']}/environ", "rb").read().count(b"JUPYTER_CLUSTER_SECRET"))
 def join(token_mode):
     os.environ["RAY_AUTH_MODE"] = token_mode
+    os.environ["RAY_AUTH_TOKEN"] = "0" * 64  # a token of B's own: not A's cluster's
     import ray
     ray.init(address=a["gcs"], log_to_driver=False)
     return ray.get(ray.remote(lambda: 42).remote(), timeout=60)
@@ -121,6 +128,27 @@ def test_user_b_reaches_nothing_of_user_a_s_embedded_cluster(ann: dict[str, Any]
     assert set(refused) == set(tried), f"user B got in: {json.dumps(tried, indent=1)}"
     for name in ("socket", "list folder", "read log", "ray files", "token", "secret"):
         assert "PermissionError" in refused[name][1], (name, refused[name])
-    said = refused["ray driver"][1].lower()
-    assert "auth" in said or "token" in said or "unauthenticated" in said, refused["ray driver"]
+    assert "AuthenticationError" in refused["ray driver"][1], refused["ray driver"]  # Ray's token stops B
     assert sys.executable  # the probe ran this environment's Python as B
+
+
+def test_ray_s_token_for_the_embedded_cluster_is_its_owner_s_only(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray 2.60 writes the token of a new local cluster with the umask (0644, in a 0755 ``~/.ray``): the agent
+    makes it first, 0600 in a 0700 folder, and closes an existing one to others."""
+    from jupyter_cluster.agent._main import private_token
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    private_token()
+    token = tmp_path / ".ray" / "auth_token"
+    assert len(token.read_text()) >= 32
+    assert token.stat().st_mode & 0o777 == 0o600 and (tmp_path / ".ray").stat().st_mode & 0o777 == 0o700
+    kept = token.read_text()
+    token.chmod(0o644)
+    (tmp_path / ".ray").chmod(0o755)
+    private_token()
+    assert token.read_text() == kept  # the user's token is kept, closed
+    assert token.stat().st_mode & 0o777 == 0o600 and (tmp_path / ".ray").stat().st_mode & 0o777 == 0o700

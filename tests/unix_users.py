@@ -46,9 +46,9 @@ def this_python_reachable() -> contextlib.AbstractContextManager[None]:
     return reachable(Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent, here)
 
 
-def as_user(name: str, code: str, stdin: int | None = None, timeout: float | None = 120) -> subprocess.Popen[str]:
-    """``python -c code`` of this environment, run as the Unix user ``name`` in their home (``runuser``), its
-    output piped."""
+def as_user(name: str, code: str, stdin: int | None = None) -> subprocess.Popen[str]:
+    """``python -c code`` of this environment, run as the Unix user ``name`` (their uid, group and no other
+    groups) in their home, its output piped."""
     import os
     import sys
 
@@ -56,7 +56,10 @@ def as_user(name: str, code: str, stdin: int | None = None, timeout: float | Non
     env = {"HOME": entry.pw_dir, "USER": name, "PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
     env.update({k: v for k, v in os.environ.items() if k in ("PYTHONPATH",)})
     return subprocess.Popen(
-        ["runuser", "-u", name, "--", sys.executable, "-c", code],
+        [sys.executable, "-c", code],
+        user=entry.pw_uid,
+        group=entry.pw_gid,
+        extra_groups=[],
         cwd=entry.pw_dir,
         env=env,
         stdin=stdin,

@@ -247,6 +247,41 @@ def warm_up(relay: Any, warming: list[Any]) -> None:
 LOCAL_START_ATTEMPTS = 2
 
 
+def private_token() -> None:
+    """Ray's token for the embedded cluster, where Ray's tools look for it (``~/.ray/auth_token``, or the file
+    ``RAY_AUTH_TOKEN_PATH`` names), readable by its owner only.
+
+    A new local ``ray.init()`` writes one there when there is none, with the process's umask: 0644 in a 0755
+    ``~/.ray`` (Ray 2.60), which every user of a shared host (a JupyterHub's) can read, and with it join the
+    cluster as a driver and run code as its owner. So it is made here first, 0600 in a 0700 folder, and an
+    existing one is closed to others. Nothing is done where the token comes in ``RAY_AUTH_TOKEN`` or token
+    authentication is turned off."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled" or os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not os.environ.get("RAY_AUTH_TOKEN_PATH"):
+            os.chmod(folder, os.stat(folder).st_mode & 0o700 | 0o700)  # ~/.ray: this user's only
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            mode = os.stat(path).st_mode
+            if mode & 0o077:
+                os.chmod(path, 0o600)
+                log.warning("Ray's token %s was readable by other users (%o); made it 0600", path, mode & 0o777)
+        else:
+            from ray._private.authentication.authentication_token_generator import (
+                generate_new_authentication_token,
+            )
+
+            with os.fdopen(fd, "w") as f:
+                f.write(generate_new_authentication_token())
+    except (OSError, ImportError):
+        log.warning("could not make Ray's token private at %s", path, exc_info=True)
+
+
 def _init_local(ray: Any, kwargs: dict[str, Any]) -> None:
     """``ray.init`` of the embedded cluster, on a machine that may be busy (a small container, a laptop mid-build).
 
@@ -258,6 +293,7 @@ def _init_local(ray: Any, kwargs: dict[str, Any]) -> None:
     # A runtime_env whose install fails (a misspelt --pip package) is tried once, not three times: each try
     # clones the Python environment anew (tens of seconds in a virtualenv), and pip has retried the network.
     os.environ.setdefault("RUNTIME_ENV_RETRY_TIMES", "1")
+    private_token()
     for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
         try:
             with _own_agent_port(kwargs.get("include_dashboard") is not False):
