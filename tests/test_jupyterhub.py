@@ -5,9 +5,10 @@ environment by scripts/test.sh), the dummy authenticator and JupyterHub's local 
 server is ``jupyterhub-singleuser`` of this environment, run as that Unix user. Two users are made for it
 (``useradd``: root only). For each user, Chromium logs in through the hub's login form, opens JupyterLab at
 ``/user/NAME/lab`` and runs a notebook that attaches an embedded cluster, runs a cell on it, shows the dashboard
-and forwards a port where a server answers on the cluster; the *Ray cluster* sidebar shows the cluster. The links
-the notebook shows go through the hub (``/user/NAME/proxy/PORT/``): the test opens Ray's dashboard and the
-forwarded server through them, in the same browser. Screenshots: ``tests/artifacts/browser/hub-*.png``.
+and deploys a Ray Serve application (on a port of the user's own), which it forwards; the *Ray cluster* sidebar
+shows the cluster. The links the notebook shows go through the hub (``/user/NAME/proxy/PORT/``): the test opens
+Ray's dashboard and the Serve endpoint through them, in the same browser. Screenshots:
+``tests/artifacts/browser/hub-*.png``.
 """
 
 from __future__ import annotations
@@ -38,22 +39,22 @@ pytestmark = pytest.mark.timeout(900)
 USERS = ("jc-hub-ann", "jc-hub-bob")
 PASSWORD = "a-test-password"
 NOTEBOOK = "hub.ipynb"
-#: An HTTP server on the cluster, on a port the notebook forwards: what a Serve endpoint is to the browser.
-SERVED = "hello from the cluster"
+#: What the Serve deployment answers, at ``/hello`` on its port (each user's own: two users' clusters on one
+#: host cannot both have Serve's 8000).
+SERVED = "hello from Serve"
 CELLS = [
     "%load_ext jupyter_cluster\n%cluster local --cpus 1\nimport jupyter_cluster as jc",
     "%%remote\nanswer = 6 * 7\nanswer",
     "dash = jc.dashboard()\ndash",
-    # A server on the cluster's loopback (the embedded cluster is this machine), as a Serve endpoint would be.
-    "import http.server, threading\n"
-    "class Hello(http.server.BaseHTTPRequestHandler):\n"
-    "    def do_GET(self):\n"
-    f"        body = {SERVED!r}.encode()\n"
-    "        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()\n"
-    "        self.wfile.write(body)\n"
-    "server = http.server.HTTPServer(('127.0.0.1', 0), Hello)\n"
-    "threading.Thread(target=server.serve_forever, daemon=True).start()\n"
-    "port = server.server_address[1]",
+    "import socket\nwith socket.socket() as s:\n    s.bind(('127.0.0.1', 0))\n    port = s.getsockname()[1]",
+    "%%remote --driver --no-out\n"
+    "from ray import serve\n"
+    "@serve.deployment(ray_actor_options={'num_cpus': 0})\n"
+    "class Hello:\n"
+    "    def __call__(self, request):\n"
+    f"        return {SERVED!r}\n"
+    "serve.start(http_options={'host': '127.0.0.1', 'port': port})\n"
+    "serve.run(Hello.bind(), name='hello', route_prefix='/hello')",
     "%cluster forward $port",
     "print(jc.current().status().dashboard)",
 ]
@@ -236,7 +237,7 @@ def _as_user(page: Any, hub: Hub, user: str, console: list[str]) -> None:
     assert not any("Traceback" in t or "Error" in t for t in texts), texts
     assert "42" in texts[1], texts
     # The links the notebook shows go through the hub, under this user's prefix.
-    forward, dashboard = texts[4], texts[5].strip()
+    forward, dashboard = texts[5], texts[6].strip()
     found = re.search(rf"({re.escape(prefix)}proxy/\d+/)", forward)
     assert found, forward
     assert dashboard.startswith(f"{prefix}proxy/"), dashboard
@@ -247,7 +248,7 @@ def _as_user(page: Any, hub: Hub, user: str, console: list[str]) -> None:
     page.screenshot(path=str(ARTIFACTS / f"hub-{user}.png"))
     # Through the hub's proxy, as the browser reaches them: the forwarded server, and Ray's dashboard.
     served = page.context.new_page()
-    served.goto(f"{hub.url}{found.group(1)}", timeout=60_000)
+    served.goto(f"{hub.url}{found.group(1)}hello", timeout=60_000)
     assert SERVED in served.inner_text("body"), served.content()[:2000]
     served.goto(f"{hub.url}{dashboard}", timeout=60_000)
     served.wait_for_load_state("networkidle", timeout=60_000)

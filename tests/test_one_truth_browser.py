@@ -109,10 +109,10 @@ def _done_in_row(text: str | None) -> int | None:
 
 def disagreements(readings: list[dict[str, Any]], views: tuple[str, ...], refresh: float) -> list[str]:
     """Where a view showed, at some instant, a figure outside what another view showed within ``refresh`` seconds
-    of it: further behind, or ahead, than one refresh. The figures grow as the work goes on (items done, results,
-    the best score so far). A view that redraws once a second skips figures another shows between its redraws: 6,
-    then 12; a figure between two the other showed is no disagreement, nor is one below all the other showed where
-    the other showed nothing yet within the refresh."""
+    of it: further behind, or ahead, than one refresh. The figures move one way as the work goes on (items done,
+    results and the best score grow; a loss falls). A view that redraws once a second skips figures another shows
+    between its redraws: 6, then 12; a figure between two the other showed is no disagreement, nor is any figure
+    where the other showed nothing yet within the refresh (it is behind by no more than that)."""
     found = []
     for reading in readings:
         for view in views:
@@ -123,10 +123,10 @@ def disagreements(readings: list[dict[str, Any]], views: tuple[str, ...], refres
                 if other == view:
                     continue
                 window = [r[other] for r in readings if abs(r["t"] - reading["t"]) <= refresh]
-                near = [v for v in window if v is not None]
-                low = float("-inf") if None in window else min(near, default=0)
-                if near and not low <= value <= max(near):
-                    found.append(f"at {reading['t']:.2f} s the {view} said {value}; the {other} said {sorted(near)}")
+                if None in window:  # the other view drew nothing yet within the refresh: it is behind, no more
+                    continue
+                if not min(window) <= value <= max(window):
+                    found.append(f"at {reading['t']:.2f} s the {view} said {value}; the {other} said {sorted(window)}")
     return found
 
 
