@@ -159,6 +159,9 @@ class ClusterStatus:
                 detail = actor.get("error") or f"on {actor.get('node')}, names: {names}"
             lines.append(f"    {name}: {detail}")
         lines += self._started_lines(data.get("started"))
+        others = others_said(data.get("others"))
+        if others:
+            lines.append(f"  also on this cluster: {others} (their cells and actors are theirs: not listed here)")
         lines += self._forward_lines()
         return "\n".join(lines)
 
@@ -254,6 +257,24 @@ def _link(status: ClusterStatus) -> str:
     elif state == "lost":
         parts.append(_e(link.get("error", "")))
     return " ".join(parts)
+
+
+def others_said(others: list[dict[str, Any]] | None) -> str:
+    """The cluster's other drivers in words (``2 other notebooks, 1 Ray driver``), or '' where there are none.
+
+    >>> others_said([{"notebook": True}, {"notebook": True}, {"notebook": False}])
+    '2 other notebooks, 1 other Ray driver'
+    """
+    if not others:
+        return ""
+    notebooks = sum(1 for other in others if other.get("notebook"))
+    drivers = len(others) - notebooks
+    parts = []
+    if notebooks:
+        parts.append(f"{notebooks} other notebook{'s' * (notebooks != 1)}")
+    if drivers:
+        parts.append(f"{drivers} other Ray driver{'s' * (drivers != 1)}")
+    return ", ".join(parts)
 
 
 def _cpu_use(load: dict[str, Any]) -> str:
@@ -390,6 +411,9 @@ def status_html(status: ClusterStatus, button: bool = False) -> str:
             f'<div>started by cells: {len(started_items)} <span class="jc-muted">'
             f"(<code>jc.current().reset_driver()</code> stops them)</span>{_list(started_items)}</div>"
         )
+    others = others_said(data.get("others"))
+    if others:
+        lists += f'<div>also on this cluster: {_e(others)} <span class="jc-muted">(their work: not listed)</span></div>'
     if status.forwards:
         forward_items = [f"<li>{_e(line)}</li>" for line in status.forwards]
         lists += f"<div>port forwards: {len(forward_items)}{_list(forward_items)}</div>"
@@ -397,4 +421,4 @@ def status_html(status: ClusterStatus, button: bool = False) -> str:
     return f'{_STYLE}<div class="jc-card jc-status">{title}<table>{"".join(rows)}</table>{nodes}{lists}</div>'
 
 
-__all__ = ["DASHBOARD_BUTTON", "ClusterLogs", "ClusterStatus", "started_actor", "status_html"]
+__all__ = ["DASHBOARD_BUTTON", "ClusterLogs", "ClusterStatus", "others_said", "started_actor", "status_html"]

@@ -575,6 +575,7 @@ class CellRunner:
             ],
             "actors": actors,
             "started": await self.driver_cells.started(),
+            "others": await self.driver_cells.others(),
             "objects": len(self.table),
             "ray": ray.__version__,
         }

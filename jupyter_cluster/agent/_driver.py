@@ -121,6 +121,17 @@ class DriverCells:
             log.warning("could not list what the cells started", exc_info=True)
             return None
 
+    async def others(self) -> list[dict[str, Any]] | None:
+        """The cluster's other live drivers (see :func:`._owned.other_drivers`); None where Ray's job table could
+        not be read."""
+        from ._owned import other_drivers
+
+        try:
+            return await asyncio.wait_for(self.runner.loop.run_in_executor(None, other_drivers), 10)
+        except Exception:
+            log.warning("could not list the cluster's other drivers", exc_info=True)
+            return None
+
     async def reset(self) -> dict[str, Any]:
         """Stop what the notebook's cells started (Serve, actors, placement groups) and
         empty the driver's namespace; refused while cells run."""

@@ -96,6 +96,30 @@ def started(own_classes: frozenset[str] = OWN_CLASSES) -> dict[str, Any]:
     return {"actors": actors, "serve": serve, "placement_groups": groups}
 
 
+def other_drivers() -> list[dict[str, Any]]:
+    """The cluster's other live drivers, from Ray's job table (the GCS): other notebooks' agents (by their
+    entrypoint, ``-m jupyter_cluster.agent``), scripts and submitted jobs. What ``down`` would stop with the
+    cluster, and what the status card counts as other work."""
+    from ray._private import state
+
+    own = _job_hex()
+    found = []
+    for job in state.state.job_table():
+        if job.get("IsDead") or job.get("JobID") == own:
+            continue
+        entrypoint = str(job.get("Entrypoint") or "")
+        found.append(
+            {
+                "job": job.get("JobID"),
+                "pid": job.get("DriverPid"),
+                "address": job.get("DriverIPAddress"),
+                "notebook": "jupyter_cluster.agent" in entrypoint,
+                "entrypoint": entrypoint[:200],
+            }
+        )
+    return found
+
+
 def stop_started(driver_ns: dict[str, Any], own_classes: frozenset[str] = OWN_CLASSES) -> dict[str, Any]:
     """Stop what :func:`started` lists, make ``driver_ns`` fresh (with ``ray``); say what was stopped."""
     before = started(own_classes)

@@ -1,0 +1,54 @@
+"""One cluster, other drivers on it: what the notebook's status says of them.
+
+A second Ray driver joins the session's embedded cluster (a plain ``ray.init(address=...)`` in a process of its
+own, with the cluster's token, as a script or a job would). The notebook's status card (text and HTML) counts it
+as other work on the cluster, which the notebook's own lists (cells, actors, what its cells started) leave out;
+once that driver exits, the card no longer counts it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import jupyter_cluster as jc
+
+JOIN = """
+import sys, time, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+print("joined", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_status_counts_other_drivers_on_the_cluster(cluster: jc.Cluster) -> None:
+    agent = cluster._agent
+    assert agent is not None
+    before = cluster.status()
+    assert "also on this cluster" not in str(before), str(before)
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", JOIN, str(agent.ready["gcs"])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None and driver.stdout.readline().strip() == "joined"
+        status = cluster.status()
+        assert "also on this cluster: 1 other Ray driver" in str(status), str(status)
+        assert "also on this cluster: 1 other Ray driver" in status._repr_html_()
+        others = (status.data or {}).get("others") or []
+        assert [o["pid"] for o in others] == [driver.pid], others
+    finally:
+        assert driver.stdin is not None
+        driver.stdin.close()
+        driver.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while "also on this cluster" in str(cluster.status()) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert "also on this cluster" not in str(cluster.status())
