@@ -208,3 +208,19 @@ def test_the_curves_and_the_table_show_the_same_results_at_every_tick() -> None:
     view.redraw(now=True)
     assert view.curves.data["xs"] == [[1.0, 2.0]] and "<td>2</td>" in view.table.value
     assert all(drawn >= made for made, drawn in view.latency) and len(view.latency) == 2
+
+
+def test_a_running_run_s_header_says_its_run_time_each_second() -> None:
+    """Between two reports the header's run time goes on, as the sidebar's clock does; it stops at the end."""
+    from types import SimpleNamespace
+
+    view = TrialsView("jc.tune(f)", "score", "max")
+    view.started(SimpleNamespace(started=time.time() - 5.0))
+    first = view.header.value
+    assert "run time 5." in first, first
+    time.sleep(2.3)
+    assert "run time 7." in view.header.value, view.header.value  # with no event in between
+    view.finish("done", SimpleNamespace(ended=time.time()))
+    ended = view.header.value
+    time.sleep(1.5)
+    assert view.header.value == ended

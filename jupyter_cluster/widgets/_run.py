@@ -56,6 +56,8 @@ TABLE_STYLE = (
 )
 
 
+#: How often a running run's header says its run time again (seconds).
+CLOCK = 1.0
 #: Seconds after which a run's curves draw live though the frontend has not said a view is shown: the cell that
 #: runs ``jc.tune`` or ``jc.train_torch`` blocks until the run ends, and the kernel reads the frontend's count only
 #: then. The view is shown with the widget, at once, before the first result (the run starts Ray workers first).
@@ -128,6 +130,18 @@ class RunView(ipywidgets.VBox):
         self.started_at = run.started  # one clock for the view and the result (see Run.elapsed)
         self.state = "queued"
         self.redraw(now=True)
+        _later(CLOCK, self._clock)
+
+    def _clock(self) -> None:
+        """The header's run time, once a second while the run goes on: between two reports (a training's epoch
+        may take minutes) it would otherwise say how long the run had taken at the last one."""
+        if self.ended_at is not None:
+            return
+        with self._lock:
+            header = self._header()
+        if header != self.header.value:
+            self.header.value = header
+        _later(CLOCK, self._clock)
 
     def on_event(self, event: str, data: Any, run: Any) -> None:
         with self._lock:
