@@ -159,7 +159,7 @@ class ClusterStatus:
                 detail = actor.get("error") or f"on {actor.get('node')}, names: {names}"
             lines.append(f"    {name}: {detail}")
         lines += self._started_lines(data.get("started"))
-        others = others_said(data.get("others"))
+        others = others_said(data.get("others"), data.get("sessions"))
         if others:
             lines.append(f"  also on this cluster: {others} (their cells and actors are theirs: not listed here)")
         lines += self._forward_lines()
@@ -259,19 +259,24 @@ def _link(status: ClusterStatus) -> str:
     return " ".join(parts)
 
 
-def others_said(others: list[dict[str, Any]] | None) -> str:
-    """The cluster's other drivers in words (``2 other notebooks, 1 Ray driver``), or '' where there are none.
+def others_said(others: list[dict[str, Any]] | None, sessions: dict[str, int] | None = None) -> str:
+    """The cluster's other users in words, or '' where there are none: the other notebooks on this agent
+    (``sessions``: attached, detached), other agents' notebooks and other Ray drivers (``others``, from Ray's job
+    table).
 
-    >>> others_said([{"notebook": True}, {"notebook": True}, {"notebook": False}])
-    '2 other notebooks, 1 other Ray driver'
+    >>> others_said([{"notebook": True}, {"notebook": False}], {"attached": 2, "detached": 1})
+    '3 other notebooks on this agent (1 detached), 1 notebook of another agent, 1 other Ray driver'
     """
-    if not others:
-        return ""
-    notebooks = sum(1 for other in others if other.get("notebook"))
-    drivers = len(others) - notebooks
     parts = []
+    attached, detached = (sessions or {}).get("attached", 0), (sessions or {}).get("detached", 0)
+    if attached + detached:
+        count = attached + detached
+        said = f" ({detached} detached)" if detached else ""
+        parts.append(f"{count} other notebook{'s' * (count != 1)} on this agent{said}")
+    notebooks = sum(1 for other in others or [] if other.get("notebook"))
+    drivers = len(others or []) - notebooks
     if notebooks:
-        parts.append(f"{notebooks} other notebook{'s' * (notebooks != 1)}")
+        parts.append(f"{notebooks} notebook{'s' * (notebooks != 1)} of another agent")
     if drivers:
         parts.append(f"{drivers} other Ray driver{'s' * (drivers != 1)}")
     return ", ".join(parts)
@@ -411,7 +416,7 @@ def status_html(status: ClusterStatus, button: bool = False) -> str:
             f'<div>started by cells: {len(started_items)} <span class="jc-muted">'
             f"(<code>jc.current().reset_driver()</code> stops them)</span>{_list(started_items)}</div>"
         )
-    others = others_said(data.get("others"))
+    others = others_said(data.get("others"), data.get("sessions"))
     if others:
         lists += f'<div>also on this cluster: {_e(others)} <span class="jc-muted">(their work: not listed)</span></div>'
     if status.forwards:

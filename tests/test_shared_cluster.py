@@ -1,4 +1,4 @@
-"""One cluster, other drivers on it: what the notebook's status says of them.
+"""One cluster, other notebooks and drivers on it: what a notebook's status says of them.
 
 A second Ray driver joins the session's embedded cluster (a plain ``ray.init(address=...)`` in a process of its
 own, with the cluster's token, as a script or a job would). The notebook's status card (text and HTML) counts it
@@ -52,3 +52,24 @@ def test_the_status_counts_other_drivers_on_the_cluster(cluster: jc.Cluster) -> 
     while "also on this cluster" in str(cluster.status()) and time.monotonic() < deadline:
         time.sleep(1)
     assert "also on this cluster" not in str(cluster.status())
+
+
+def test_the_status_counts_the_other_notebooks_on_the_agent(cluster: jc.Cluster) -> None:
+    """Over SSH every notebook of the head's user talks to the one agent, each in a session of its own (a second
+    kernel on the embedded cluster's agent is the same, the transport aside): each notebook's status counts the
+    others, attached or detached, and lists only its own cells."""
+    from .kernel import attach_second, text
+
+    agent = cluster._agent
+    assert agent is not None
+    second = attach_second(agent.socket, agent.secret, name="shared-status")
+    try:
+        said = str(cluster.status())
+        assert "also on this cluster: 1 other notebook on this agent" in said, said
+        theirs = text(second.ok("print(jc.current().status())"))
+        assert "1 other notebook on this agent" in theirs, theirs  # the first one, seen from the second
+        second.ok("jc.current().disconnect()")  # detached: its session and work stay on the agent
+        said = str(cluster.status())
+        assert "1 other notebook on this agent (1 detached)" in said, said
+    finally:
+        second.stop()

@@ -475,6 +475,13 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         if summed:
             data["available"] = {name: total - used for name, (used, total) in summed.items()}
         data["metrics_watchers"] = len(sampler.watchers)
+        # The other notebooks on this agent (each a session of its own: over SSH, every notebook of the head's
+        # user shares the one agent), attached now or detached with their work going on.
+        others = [s for s in server.sessions.values() if s is not session]
+        data["sessions"] = {
+            "attached": sum(1 for s in others if s.writer is not None),
+            "detached": sum(1 for s in others if s.writer is None),
+        }
         emit("done", data, final=True)
 
     async def watch_metrics(body: dict[str, Any], session: Any, emit: Any) -> None:
