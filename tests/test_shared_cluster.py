@@ -3,7 +3,8 @@
 A second Ray driver joins the session's embedded cluster (a plain ``ray.init(address=...)`` in a process of its
 own, with the cluster's token, as a script or a job would). The notebook's status card (text and HTML) counts it
 as other work on the cluster, which the notebook's own lists (cells, actors, what its cells started) leave out;
-once that driver exits, the card no longer counts it.
+once that driver exits, the card no longer counts it. A second notebook on the same agent (a session of its own,
+as every notebook of a head's user is over SSH) is counted too, attached and then detached, from both sides.
 """
 
 from __future__ import annotations
