@@ -28,6 +28,7 @@ from ._crash import crash_site
 from ._errors import (
     AgentLostError,
     ClusterConnectionError,
+    ClusterError,
     InputError,
     RequestError,
     WaitTimeoutError,
@@ -875,14 +876,38 @@ class Cluster:
         _detached[self._link.session] = self
         _forget(self)
 
-    def down(self) -> None:
+    def _refuse_if_shared(self) -> None:
+        """Raise :class:`ClusterError` where others use this cluster (see :meth:`down`)."""
+        if self._link.closed or self._link.state != "connected":
+            return  # nobody to ask: what follows stops what it can
+        try:
+            data = self._link.call("sharing", timeout=30)
+        except Exception:  # the agent does not answer: down goes on, as before
+            return
+        others = _sharing(data, stops_ray=self._agent is not None or bool(self.stoppers))
+        if others:
+            raise ClusterError(
+                f"others use this cluster ({others}): `%cluster down` would stop their work too, and stopped "
+                "nothing. `%cluster down --force` (jc.current().down(force=True)) stops it anyway; "
+                "`%cluster disconnect` leaves it, and this notebook's work, running."
+            )
+
+    def down(self, force: bool = False) -> None:
         """Stop what this cluster started: its agent, and the Ray it brought up (if any).
 
         Cells still running fail at once, and so does any wait on their handles. Port
         forwards are closed. On a cluster that outlives the agent (SSH), what the cells
         started is stopped first, as :meth:`reset_driver` does: Serve, the named and
         detached actors of the cells' job, its placement groups.
+
+        Other notebooks attached to the same agent (over SSH, every notebook of the head's user shares it), or,
+        where this stops Ray (the embedded cluster, or one ``--start-head`` or ``up`` started), the cluster's
+        other Ray drivers, would lose their work too: then this raises :class:`ClusterError`, naming them, and
+        stops nothing, unless ``force`` (``%cluster down --force``). ``disconnect()`` leaves the cluster and this
+        notebook's work running.
         """
+        if not force:
+            self._refuse_if_shared()
         self._close_forwards()
         for cell in list(self.cells.values()):
             cell._fail(AgentLostError(f"it was shut down (`%cluster down`) while {cell.label} ran"))
@@ -906,6 +931,18 @@ class Cluster:
                 failed = failed or exc
         if failed is not None:
             raise failed
+
+
+def _sharing(data: dict[str, Any] | None, stops_ray: bool) -> str:
+    """Whose work a ``down`` would stop beside this notebook's, in words ('' for nobody): the other notebooks
+    attached to the agent it stops (detached ones are left out: their kernels are gone), and, where it stops Ray
+    too, the cluster's other drivers."""
+    from ._status import others_said
+
+    if not data:
+        return ""
+    sessions = {"attached": (data.get("sessions") or {}).get("attached", 0), "detached": 0}
+    return others_said(data.get("others") if stops_ray else None, sessions)
 
 
 def _show_progress(progress: bool | None, count: int) -> bool:

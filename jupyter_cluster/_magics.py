@@ -238,7 +238,10 @@ def _cluster_parser() -> argparse.ArgumentParser:
     sync.add_argument("--off", action="store_true", help="stop running cells in the synced folder")
     timeline = commands.add_parser("timeline", help="the tasks and actor calls a %%%%remote cell ran, as a Gantt")
     timeline.add_argument("cell", nargs="?", type=int, help="the cell's number, N of In[N] (default: the last cell)")
-    commands.add_parser("down", help="stop what `local` or `up` started")
+    down = commands.add_parser("down", help="stop what `local` or `up` started")
+    down.add_argument(
+        "--force", action="store_true", help="even where other notebooks or Ray drivers use it (their work stops too)"
+    )
     forward = commands.add_parser("forward", help="reach a port of the head from here (Serve, TensorBoard)")
     forward.add_argument("port", help="the port on the head's loopback")
     forward.add_argument("--local", help="the port on this machine (default: any free one)")
@@ -307,7 +310,10 @@ class ClusterMagics(Magics):
             else:
                 started = " and the Ray it started" if stopping.stoppers else ""
                 message = f"Stopped the agent{started}; detached."
-            stopping.down()
+            try:
+                stopping.down(force=args.force)
+            except ClusterError as exc:
+                raise UsageError(f"%cluster down: {exc}") from None
             print(message)
         elif args.command == "forward":
             self._forward(args)

@@ -475,14 +475,21 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         if summed:
             data["available"] = {name: total - used for name, (used, total) in summed.items()}
         data["metrics_watchers"] = len(sampler.watchers)
-        # The other notebooks on this agent (each a session of its own: over SSH, every notebook of the head's
-        # user shares the one agent), attached now or detached with their work going on.
+        data["sessions"] = other_sessions(session)
+        emit("done", data, final=True)
+
+    def other_sessions(session: Any) -> dict[str, int]:
+        """The other notebooks on this agent (each a session of its own: over SSH, every notebook of the head's
+        user shares the one agent), attached now or detached with their work going on."""
         others = [s for s in server.sessions.values() if s is not session]
-        data["sessions"] = {
+        return {
             "attached": sum(1 for s in others if s.writer is not None),
             "detached": sum(1 for s in others if s.writer is None),
         }
-        emit("done", data, final=True)
+
+    async def sharing(body: dict[str, Any], session: Any, emit: Any) -> None:
+        """Who else uses the cluster, without the status's scrape: what ``down`` asks before it stops anything."""
+        emit("done", {"sessions": other_sessions(session), "others": await runner.driver_cells.others()}, final=True)
 
     async def watch_metrics(body: dict[str, Any], session: Any, emit: Any) -> None:
         await sampler.watch(body["id"], session, emit)
@@ -544,6 +551,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         "room": room,
         "run_cell": run_cell,
         "runtime_env": runtime_env,
+        "sharing": sharing,
         "shutdown": shutdown,
         "status": status,
         "submit": submit,
