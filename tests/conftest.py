@@ -18,7 +18,7 @@ def _session_cluster() -> Iterator[None]:
     yield
     cluster = jc.current()
     if cluster is not None:
-        cluster.down()
+        cluster.down(force=True)
 
 
 @pytest.fixture

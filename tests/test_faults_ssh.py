@@ -39,7 +39,7 @@ def head(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
     try:
         yield cluster
     finally:
-        cluster.down()
+        cluster.down(force=True)
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
 
@@ -113,7 +113,7 @@ def test_handles_of_a_stopped_head_fail_at_once(sshd_server: SSHServer) -> None:
     cluster = _connect(sshd_server, start_head=True, port=free_port())
     cell = cluster.run_cell("import time\ntime.sleep(120)\nslow = 1", pending_handles=True)
     stored = cluster.put([1, 2, 3])
-    cluster.down()
+    cluster.down(force=True)
     for wait in (lambda: jc.get(cell.handles["slow"]), lambda: jc.get(stored), lambda: jc.wait([stored])):
         start = time.monotonic()
         with pytest.raises(jc.ClusterError, match="shut down"):

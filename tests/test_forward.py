@@ -206,5 +206,5 @@ def test_shutting_the_agent_down_can_stop_what_the_cells_started(cluster: jc.Clu
     cluster.run_cell(DRIVER_STARTS.split("named =")[0] + made, mode="driver", out=[]).result(60)
     answer = cluster._link.call("shutdown", {"stop_started": True}, timeout=120)
     assert answer["actors"] == ["jc-test-outlives"] and answer["errors"] == [], answer
-    cluster.down()  # the agent is gone already: down settles the rest
+    cluster.down(force=True)  # the agent is gone already: down settles the rest
     assert jc.current() is None

@@ -146,7 +146,7 @@ def launched(launch_yaml: str, ssh_hosts_own_pids: SSHHosts) -> Iterator[jc.Clus
         yield cluster
     finally:
         if cluster.stoppers:
-            cluster.down()
+            cluster.down(force=True)
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
 
@@ -337,7 +337,7 @@ def test_connect_config_attaches_to_the_running_cluster_and_down_leaves_it_up(
         assert f"Ray's cluster launcher's cluster of {launch_yaml}, found running" in text, text
         assert cluster.run_cell("seen = 6 * 7").result(60).outputs["seen"] == 42
     finally:
-        cluster.down()
+        cluster.down(force=True)
     assert _ray_processes(hosts.head), "down of an attached cluster leaves Ray running"
     jc._cluster.attach(launched)
     assert launched.run_cell("still = 1").result(60).outputs["still"] == 1
@@ -395,7 +395,7 @@ def test_down_runs_ray_down_and_leaves_no_ray_on_either_host(
     worker's raylet ends by itself once its head is gone (the YAML gives it 10 s)."""
     head, worker = ssh_hosts_own_pids.head, ssh_hosts_own_pids.worker
     assert _ray_processes(head) and _ray_processes(worker)
-    launched.down()
+    launched.down(force=True)
     assert jc.current() is not launched
     assert not _ray_processes(head), "ray down stopped Ray on the head"
     state = json.loads(
@@ -406,7 +406,7 @@ def test_down_runs_ray_down_and_leaves_no_ray_on_either_host(
     while _ray_processes(worker) and time.monotonic() < deadline:
         time.sleep(1)
     assert not _ray_processes(worker), "the worker's raylet ended once its head was gone"
-    launched.down()  # a second down is harmless: nothing is left to stop
+    launched.down(force=True)  # a second down is harmless: nothing is left to stop
     assert not launched.stoppers
 
 
@@ -427,7 +427,7 @@ def test_a_down_that_cannot_stop_the_head_ends_within_a_minute_and_says_what_to_
         with head.login_path("/usr/sbin:/usr/bin:/sbin:/bin"):
             started = time.monotonic()
             with pytest.raises(LauncherError) as caught:
-                cluster.down()
+                cluster.down(force=True)
             took = time.monotonic() - started
     finally:
         head.ssh(f"{RAY} stop", timeout=120)  # what the message says to run (by its full path: this run's Ray)

@@ -122,7 +122,7 @@ def test_a_reset_link_reconnects_and_loses_nothing(
         _check_exactly_once(cell)
         assert cluster.link["state"] == "connected"
     finally:
-        cluster.down()
+        cluster.down(force=True)
 
 
 def test_a_cell_that_ends_during_the_outage_still_hears_the_link_come_back(
@@ -145,7 +145,7 @@ def test_a_cell_that_ends_during_the_outage_still_hears_the_link_come_back(
         assert events == ["lost", "reconnected", "done"], events
     finally:
         link_cutter.restore()
-        cluster.down()
+        cluster.down(force=True)
 
 
 def test_a_cleanly_closed_link_reconnects(ssh_keys: SSHKeys, tmp_path: Path, head: str) -> None:
@@ -163,7 +163,7 @@ def test_a_cleanly_closed_link_reconnects(ssh_keys: SSHKeys, tmp_path: Path, hea
             server.start(port=server.port)
             _check_exactly_once(cell)
         finally:
-            cluster.down()
+            cluster.down(force=True)
     finally:
         server.stop()
 
@@ -189,7 +189,7 @@ def test_a_silent_link_is_noticed_and_reconnected(link_cutter: CuttableLink, ssh
         link_cutter.thaw()
         _check_exactly_once(cell)
     finally:
-        cluster.down()
+        cluster.down(force=True)
 
 
 def test_the_agent_channel_closing_while_ssh_stays_up(sshd_server: SSHServer, head: str, tmp_path: Path) -> None:
@@ -224,7 +224,7 @@ def test_the_agent_channel_closing_while_ssh_stays_up(sshd_server: SSHServer, he
         if os.path.exists(away):
             os.rename(away, socket_path)
         loop.call_soon_threadsafe(loop.stop)
-        cluster.down()
+        cluster.down(force=True)
 
 
 @pytest.mark.slow
@@ -260,7 +260,7 @@ def test_an_outage_longer_than_reconnect_for(
         assert shell.run_cell("%%remote\nm = n + 1").success and shell.user_ns["m"] == 41
     finally:
         link_cutter.restore()
-        cluster.down()
+        cluster.down(force=True)
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
 
@@ -300,7 +300,7 @@ def test_interrupting_while_the_link_is_down(
         assert not cluster.status().data["cells"], "a cell is still running on the cluster"  # type: ignore[index]
     finally:
         link_cutter.restore()
-        cluster.down()
+        cluster.down(force=True)
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
 
@@ -334,6 +334,6 @@ def test_interrupting_as_the_link_goes_silent(
     finally:
         thaw.cancel()
         link_cutter.thaw()
-        cluster.down()
+        cluster.down(force=True)
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)

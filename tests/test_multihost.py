@@ -75,7 +75,7 @@ def test_up_makes_a_two_node_cluster_and_down_stops_it(ssh_hosts: Any, tmp_path:
         assert f"the node it ran on, {worker.host}, was lost" in str(info.value), str(info.value)
         assert cluster.run_cell("after = 40 + 2").result(120).outputs["after"] == 42
     finally:
-        cluster.down()
+        cluster.down(force=True)
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
     assert not _processes(marker), "down stops every Ray process up started, on both hosts"

@@ -62,7 +62,7 @@ def remote(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
         assert _ray_processes(marker)
         yield cluster
     finally:
-        cluster.down()
+        cluster.down(force=True)
     assert not _ray_processes(marker), "down leaves no Ray process of the cluster it started"
     if previous is not None and previous.alive:
         jc._cluster.attach(previous)
@@ -262,7 +262,7 @@ def test_the_link_survives_a_cut_longer_than_30_seconds(link_cutter: Any, sshd_s
         assert result.outputs["n"] == 70
         assert cell.stdout.split() == [str(i) for i in range(70)], "a line was lost or repeated"
     finally:
-        cluster.down()
+        cluster.down(force=True)
 
 
 def test_stopping_ray_on_a_host_also_stops_a_child_started_while_it_stops(sshd_server: SSHServer) -> None:

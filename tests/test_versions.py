@@ -89,7 +89,7 @@ def other_head(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
     try:
         yield cluster
     finally:
-        cluster.down()
+        cluster.down(force=True)
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
 
