@@ -900,7 +900,7 @@ class Cluster:
         started is stopped first, as :meth:`reset_driver` does: Serve, the named and
         detached actors of the cells' job, its placement groups.
 
-        Other notebooks attached to the same agent (over SSH, every notebook of the head's user shares it), or,
+        Other notebooks attached to the same agent (a session resumed from another kernel), or,
         where this stops Ray (the embedded cluster, or one ``--start-head`` or ``up`` started), the cluster's
         other Ray drivers, would lose their work too: then this raises :class:`ClusterError`, naming them, and
         stops nothing, unless ``force`` (``%cluster down --force``). ``disconnect()`` leaves the cluster and this

@@ -5,7 +5,7 @@ own, with the cluster's token, as a script or a job would). The notebook's statu
 as other work on the cluster, which the notebook's own lists (cells, actors, what its cells started) leave out;
 once that driver exits, the card no longer counts it. While it runs, ``down`` (which would stop the cluster under
 it) refuses and stops nothing. A second notebook on the same agent (a session of its own,
-as every notebook of a head's user is over SSH) is counted too, attached and then detached, from both sides; while
+as a kernel that resumes a session over SSH has) is counted too, attached and then detached, from both sides; while
 it is attached, ``down`` (which would stop the agent it uses) refuses.
 """
 
@@ -64,9 +64,9 @@ def test_the_status_counts_other_drivers_on_the_cluster(cluster: jc.Cluster) -> 
 
 
 def test_the_status_counts_the_other_notebooks_on_the_agent(cluster: jc.Cluster) -> None:
-    """Over SSH every notebook of the head's user talks to the one agent, each in a session of its own (a second
-    kernel on the embedded cluster's agent is the same, the transport aside): each notebook's status counts the
-    others, attached or detached, and lists only its own cells."""
+    """Two kernels on one agent, each in a session of its own (over SSH, a kernel that resumes a session from
+    another notebook; here a second kernel on the embedded cluster's agent, the transport aside): each one's
+    status counts the other, attached or detached."""
     from .kernel import attach_second, text
 
     agent = cluster._agent

@@ -479,8 +479,9 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         emit("done", data, final=True)
 
     def other_sessions(session: Any) -> dict[str, int]:
-        """The other notebooks on this agent (each a session of its own: over SSH, every notebook of the head's
-        user shares the one agent), attached now or detached with their work going on."""
+        """The other notebooks on this agent, each a session of its own (a second kernel attached to it, as
+        ``%cluster connect --session`` from another notebook does), attached now or detached with their work going
+        on. Notebooks with agents of their own on the cluster are Ray drivers of their own (``others``)."""
         others = [s for s in server.sessions.values() if s is not session]
         return {
             "attached": sum(1 for s in others if s.writer is not None),
