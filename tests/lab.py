@@ -165,6 +165,16 @@ def open_notebook(browser: Any, lab: Lab, notebook: str, console: list[str], vie
     return page
 
 
+def write_notebook(path: Path, cells: list[str]) -> None:
+    """A notebook of code ``cells`` at ``path``, for the ``python3`` kernel."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    nbformat.write(nb, path)
+
+
 def screenshot_failed(page: Any, name: str) -> None:
     """Keep the page as it was when a browser test failed (``tests/artifacts/browser/NAME``), if it can be."""
     from playwright.sync_api import Error as PlaywrightError

@@ -37,6 +37,7 @@ from .lab import (
     lab_server,
     open_notebook,
     screenshot_failed,
+    write_notebook,
 )
 
 NOTEBOOK = "dashboard.ipynb"
@@ -84,12 +85,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 def _write_notebook(path: Path) -> None:
-    import nbformat
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, path)
+    write_notebook(path, CELLS)
 
 
 def _drawn(path: Path) -> dict[str, int]:
@@ -223,17 +220,13 @@ def _polylines(cell: Any) -> int:
 @pytest.mark.slow
 def test_training_and_trial_widgets_in_jupyterlab(lab: Lab) -> None:
     """The trials and training views in JupyterLab once the runs ended: their headers, tables and curves."""
-    import nbformat
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for stale in ("runs.png", "trials.png", "training.png", "runs-failed.png"):
         (ARTIFACTS / stale).unlink(missing_ok=True)
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in RUNS_CELLS]
-    nbformat.write(nb, lab.root / RUNS_NOTEBOOK)
+    write_notebook(lab.root / RUNS_NOTEBOOK, RUNS_CELLS)
     console: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)

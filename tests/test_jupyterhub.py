@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from .lab import ARTIFACTS, CHROMIUM, KERNEL_IDLE_JS, console_problems, free_port, screenshot_failed
+from .lab import ARTIFACTS, CHROMIUM, KERNEL_IDLE_JS, console_problems, free_port, screenshot_failed, write_notebook
 from .unix_users import make_user, this_python_reachable
 
 pytestmark = pytest.mark.timeout(900)
@@ -154,13 +154,9 @@ def _hub(tmp_path_factory: pytest.TempPathFactory, chp: str) -> Iterator[Hub]:
 
 
 def _notebook(home: Path, user: str) -> None:
-    import nbformat
 
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
     path = home / NOTEBOOK
-    nbformat.write(nb, path)
+    write_notebook(path, CELLS)
     entry = pwd.getpwnam(user)
     os.chown(path, entry.pw_uid, entry.pw_gid)
 

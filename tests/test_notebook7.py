@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from .lab import ARTIFACTS, CHROMIUM, KERNEL_IDLE_JS, Lab, execute, free_port, stop, wait_answering
+from .lab import ARTIFACTS, CHROMIUM, KERNEL_IDLE_JS, Lab, execute, free_port, stop, wait_answering, write_notebook
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -87,12 +87,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 def _write_notebook(path: Path) -> None:
-    import nbformat
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, path)
+    write_notebook(path, CELLS)
 
 
 def _ours(error: str) -> bool:

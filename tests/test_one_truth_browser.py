@@ -27,7 +27,16 @@ from typing import Any
 
 import pytest
 
-from .lab import ARTIFACTS, CHROMIUM, Lab, console_problems, lab_server, open_notebook, screenshot_failed
+from .lab import (
+    ARTIFACTS,
+    CHROMIUM,
+    Lab,
+    console_problems,
+    lab_server,
+    open_notebook,
+    screenshot_failed,
+    write_notebook,
+)
 
 NOTEBOOK = "one-truth.ipynb"
 ITEMS = 24
@@ -144,17 +153,13 @@ def test_the_disagreement_check_can_fail() -> None:
 
 @pytest.mark.timeout(420)
 def test_the_views_of_a_map_cell_agree_at_every_instant(lab: Lab) -> None:
-    import nbformat
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for stale in ARTIFACTS.glob("one-truth*"):
         stale.unlink()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
-    nbformat.write(nb, lab.root / NOTEBOOK)
+    write_notebook(lab.root / NOTEBOOK, CELLS)
     console: list[str] = []
     readings: list[dict[str, Any]] = []
     with sync_playwright() as p:
@@ -363,17 +368,13 @@ def test_the_views_of_a_sweep_and_a_training_agree_at_every_instant(lab: Lab) ->
     """A ``jc.tune`` sweep and a ``jc.train_torch`` run, the dashboard and sidebar open: the widget's table and its
     curves, its header and the sidebar's row show the same results within one refresh, and a refresh after the end
     every view says what the cell's result says (best score or last loss, run time)."""
-    import nbformat
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for stale in ARTIFACTS.glob("one-truth-run*"):
         stale.unlink()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in RUNS_CELLS]
-    nbformat.write(nb, lab.root / RUNS_NOTEBOOK)
+    write_notebook(lab.root / RUNS_NOTEBOOK, RUNS_CELLS)
     console: list[str] = []
     kept: dict[str, list[dict[str, Any]]] = {}
     with sync_playwright() as p:

@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 
-from .lab import ARTIFACTS, CHROMIUM, KERNEL_IDLE_JS, Lab, console_problems, lab_server, screenshot_failed
+from .lab import (
+    ARTIFACTS,
+    CHROMIUM,
+    KERNEL_IDLE_JS,
+    Lab,
+    console_problems,
+    lab_server,
+    screenshot_failed,
+    write_notebook,
+)
 
 FIRST = "cluster.ipynb"
 SECOND = "empty.ipynb"
@@ -61,12 +70,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 def _notebook(path: Any, cells: list[str]) -> None:
-    import nbformat
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, path)
+    write_notebook(path, cells)
 
 
 def _open(page: Any, path: str) -> None:
