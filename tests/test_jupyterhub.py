@@ -14,7 +14,6 @@ Ray's dashboard and the Serve endpoint through them, in the same browser. Screen
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pwd
 import re
@@ -252,4 +251,3 @@ def _as_user(page: Any, hub: Hub, user: str, console: list[str]) -> None:
     served.screenshot(path=str(ARTIFACTS / f"hub-{user}-ray-dashboard.png"))
     served.close()
     assert not console_problems(console), "\n".join(console[-40:])
-    json.dumps(texts)  # the outputs, for the failure message above

@@ -140,7 +140,7 @@ def disagreements(readings: list[dict[str, Any]], views: tuple[str, ...], refres
 
 
 def test_the_disagreement_check_can_fail() -> None:
-    readings = [{"t": t / 4, "bar": t, "sidebar": t, "dashboard": t - t % 4} for t in range(13)]
+    readings: list[dict[str, Any]] = [{"t": t / 4, "bar": t, "sidebar": t, "dashboard": t - t % 4} for t in range(13)]
     assert not disagreements(readings, ("bar", "sidebar", "dashboard"), 1.0)  # the dashboard redraws each second
     readings[8]["dashboard"] = 1  # an old figure, seven readings behind
     assert disagreements(readings, ("bar", "sidebar", "dashboard"), 1.0)

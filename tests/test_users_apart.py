@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -129,7 +128,6 @@ def test_user_b_reaches_nothing_of_user_a_s_embedded_cluster(ann: dict[str, Any]
     for name in ("socket", "list folder", "read log", "ray files", "token", "secret"):
         assert "PermissionError" in refused[name][1], (name, refused[name])
     assert "AuthenticationError" in refused["ray driver"][1], refused["ray driver"]  # Ray's token stops B
-    assert sys.executable  # the probe ran this environment's Python as B
 
 
 def test_ray_s_token_for_the_embedded_cluster_is_its_owner_s_only(

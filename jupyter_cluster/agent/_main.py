@@ -263,7 +263,7 @@ def private_token() -> None:
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         if not os.environ.get("RAY_AUTH_TOKEN_PATH"):
-            os.chmod(folder, os.stat(folder).st_mode & 0o700 | 0o700)  # ~/.ray: this user's only
+            os.chmod(folder, 0o700)  # ~/.ray: this user's only
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
