@@ -230,8 +230,9 @@ def test_a_round_in_flight_when_the_source_changes(
     finally:
         many.close()
     assert spaced >= 20.0, spaced
-    # The scraped round in flight at the switch is not counted: only Prometheus's rounds pace it.
-    assert took < 10.0 and every < 5.0, (took, every)
+    # The scraped round in flight at the switch is not counted: only Prometheus's rounds pace it. (Those are paced
+    # by the same tiny budget, so how far depends on the machine's load: the old spacing is what must not carry.)
+    assert took < 10.0 and every < spaced / 2, (took, spaced, every)
 
 
 # ---------------------------------------------------------------------- through a notebook's cluster
