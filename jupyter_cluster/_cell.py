@@ -261,7 +261,8 @@ class RemoteCell:
                 self.status = "preparing"
             self.preparing = data
         elif event == "running":
-            self.status = "running"
+            if not self.done():  # (a long cell's marker, sent as it ended, may come after its end)
+                self.status = "running"
             self.node = data.get("node")
             self.started_items += int(data.get("items", 1))
             self.started_tasks += 1

@@ -876,15 +876,30 @@ class Cluster:
         _detached[self._link.session] = self
         _forget(self)
 
-    def _refuse_if_shared(self) -> None:
-        """Raise :class:`ClusterError` where others use this cluster (see :meth:`down`)."""
+    @property
+    def started_here(self) -> bool:
+        """Whether this notebook started the cluster's Ray: the embedded cluster, or a head ``--start-head`` or
+        ``up`` started (``down`` stops it then); not a cluster it attached to as it found it."""
+        return self._agent is not None or bool(self.stoppers)
+
+    def _refuse(self) -> None:
+        """Raise :class:`ClusterError` where this notebook did not start the cluster, or others use it (see
+        :meth:`down`)."""
+        if not self.started_here:
+            raise ClusterError(
+                f"this notebook did not start this cluster ({self.kind}), and stopped nothing: its Ray stays up "
+                "for whoever started it, whatever this notebook does. `%cluster down --force` "
+                "(jc.current().down(force=True)) stops this notebook's agent and what its cells started on the "
+                "cluster (Serve applications, named and detached actors, placement groups), and detaches; "
+                "`%cluster disconnect` detaches and leaves them running."
+            )
         if self._link.closed or self._link.state != "connected":
             return  # nobody to ask: what follows stops what it can
         try:
             data = self._link.call("sharing", timeout=30)
         except Exception:  # the agent does not answer: down goes on, as before
             return
-        others = _sharing(data, stops_ray=self._agent is not None or bool(self.stoppers))
+        others = _sharing(data, stops_ray=self.started_here)
         if others:
             raise ClusterError(
                 f"others use this cluster ({others}): `%cluster down` would stop their work too, and stopped "
@@ -900,14 +915,19 @@ class Cluster:
         started is stopped first, as :meth:`reset_driver` does: Serve, the named and
         detached actors of the cells' job, its placement groups.
 
-        Other notebooks attached to the same agent (a session resumed from another kernel), or,
-        where this stops Ray (the embedded cluster, or one ``--start-head`` or ``up`` started), the cluster's
-        other Ray drivers, would lose their work too: then this raises :class:`ClusterError`, naming them, and
-        stops nothing, unless ``force`` (``%cluster down --force``). ``disconnect()`` leaves the cluster and this
-        notebook's work running.
+        Unless ``force`` (``%cluster down --force``), this raises :class:`ClusterError`, saying why, and stops
+        nothing:
+
+        - where this notebook did not start the cluster (it attached to a Ray it found running): its Ray stays up
+          in any case, and a ``down`` there is more likely meant for a cluster of one's own;
+        - where others would lose their work too: other notebooks attached to the same agent (a session resumed
+          from another kernel), or, where this stops Ray (the embedded cluster, or one ``--start-head`` or ``up``
+          started), the cluster's other Ray drivers, named.
+
+        ``disconnect()`` leaves the cluster and this notebook's work running.
         """
         if not force:
-            self._refuse_if_shared()
+            self._refuse()
         self._close_forwards()
         for cell in list(self.cells.values()):
             cell._fail(AgentLostError(f"it was shut down (`%cluster down`) while {cell.label} ran"))

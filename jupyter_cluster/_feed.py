@@ -33,6 +33,68 @@ Listener = Callable[[str, Any], None]
 HISTORY = 3600
 
 
+#: Ray's fine-grained states (``ray_tasks{State}``, ``ray_actors{State}``) summed into these.
+GROUPS = {
+    "tasks": ("pending", "running", "finished", "failed"),
+    "actors": ("pending", "alive", "restarting", "dead"),
+}
+
+
+def _group(kind: str, state: str) -> str | None:
+    if kind == "tasks":
+        if state.startswith("RUNNING"):
+            return "running"
+        if state in ("FINISHED", "FAILED"):
+            return state.lower()
+        return "pending"  # PENDING_*, SUBMITTED_TO_WORKER, GETTING_AND_PINNING_ARGS...
+    if state in ("ALIVE", "RESTARTING", "DEAD"):  # ALIVE_IDLE, ALIVE_RUNNING_TASKS: kinds of ALIVE
+        return state.lower()
+    if state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY"):
+        return "pending"
+    return None
+
+
+def state_groups(cluster: NodeSample, system: bool = False, whose: str = "") -> dict[tuple[str, str], float]:
+    """``{("tasks", "running"): 3.0, ...}`` from a cluster's totals: the tasks and actors the notebook's code
+    started, or with ``system`` those of Ray's libraries' own actors and this project's helpers, or with
+    ``whose="other_"`` those of the cluster's other Ray jobs (other notebooks, scripts, submitted jobs).
+
+    Never below zero: Ray counts a task's states where it is owned and where it runs, and the
+    two gauges, read a moment apart, can sum to -1 for a state a task is leaving."""
+    groups: dict[tuple[str, str], float] = {}
+    for kind in GROUPS:
+        for state, count in cluster.get(("system_" if system else whose) + kind, {}).items():
+            group = _group(kind, state)
+            if group is not None:
+                groups[kind, group] = groups.get((kind, group), 0.0) + count
+    return {key: max(0.0, round(count)) for key, count in groups.items()}
+
+
+def _groups_said(groups: dict[tuple[str, str], float]) -> str:
+    return ", ".join(
+        f"{count:.0f} {kind[:-1] if count == 1 else kind} {group}"
+        for kind, group in (("actors", "alive"), ("tasks", "running"), ("tasks", "pending"))
+        if (count := groups.get((kind, group), 0.0))
+    )
+
+
+def system_said(cluster: NodeSample) -> str:
+    """The system's work now, apart from the user's (``system: 3 actors alive, 1 task running``), or ''."""
+    parts = _groups_said(state_groups(cluster, system=True))
+    return "system: " + parts if parts else ""
+
+
+def other_jobs_said(cluster: NodeSample) -> str:
+    """The cluster's other Ray jobs' work now, apart from this notebook's (``other notebooks and drivers: 1 actor
+    alive, 4 tasks running``: their cells and what their code started), or ''.
+
+    >>> other_jobs_said({"other_tasks": {"RUNNING": 4.0, "FINISHED": 9.0}, "other_actors": {"ALIVE": 1.0}})
+    'other notebooks and drivers: 1 actor alive, 4 tasks running'
+    """
+    parts = _groups_said(state_groups(cluster, whose="other_"))
+    return "other notebooks and drivers: " + parts if parts else ""
+
+
 class MetricsFeed:
     """The agent's metrics for one cluster, while anything listens."""
 
@@ -129,4 +191,4 @@ class MetricsFeed:
                 log.exception("a metrics listener failed")
 
 
-__all__ = ["MetricsFeed"]
+__all__ = ["GROUPS", "MetricsFeed", "other_jobs_said", "state_groups", "system_said"]

@@ -240,7 +240,10 @@ def _cluster_parser() -> argparse.ArgumentParser:
     timeline.add_argument("cell", nargs="?", type=int, help="the cell's number, N of In[N] (default: the last cell)")
     down = commands.add_parser("down", help="stop what `local` or `up` started")
     down.add_argument(
-        "--force", action="store_true", help="even where other notebooks or Ray drivers use it (their work stops too)"
+        "--force",
+        action="store_true",
+        help="even where other notebooks or Ray drivers use it (their work stops too), or where this notebook did "
+        "not start it (its agent and what its cells started stop; the cluster stays up)",
     )
     forward = commands.add_parser("forward", help="reach a port of the head from here (Serve, TensorBoard)")
     forward.add_argument("port", help="the port on the head's loopback")
@@ -307,9 +310,10 @@ class ClusterMagics(Magics):
                 return
             if stopping.kind.startswith("embedded"):
                 message = "Stopped the embedded cluster."
+            elif stopping.stoppers:
+                message = "Stopped the agent and the Ray it started; detached."
             else:
-                started = " and the Ray it started" if stopping.stoppers else ""
-                message = f"Stopped the agent{started}; detached."
+                message = "Stopped this notebook's agent and what its cells started; detached. The cluster stays up."
             try:
                 stopping.down(force=args.force)
             except ClusterError as exc:

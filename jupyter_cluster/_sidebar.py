@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _cluster
-from ._feed import MetricsFeed
+from ._feed import MetricsFeed, other_jobs_said
 from ._handles import format_metric
 from ._links import browser_url
 from ._version import __version__
@@ -430,7 +430,9 @@ class Sidebar:
             received = feed.received if feed is not None else None
             age = max(0.0, time.time() - received) if received is not None else 0.0
             nodes_state = [node_state(i, n) for i, n in sorted(nodes.items())]
-            return {"type": "nodes", "t": time.time(), "age": round(age, 2), "nodes": nodes_state}
+            # The rest of the cluster's work, counted apart from this notebook's (which the sections list).
+            others = other_jobs_said(feed.totals()) if feed is not None else ""
+            return {"type": "nodes", "t": time.time(), "age": round(age, 2), "nodes": nodes_state, "others": others}
         with self._lock:
             if part == "cells":
                 running = sorted(self.cells.values(), key=lambda c: c.submitted, reverse=True)

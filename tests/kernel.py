@@ -77,7 +77,7 @@ class Kernel:
 
     def stop(self) -> None:
         try:
-            self.execute("%cluster down", timeout=60)
+            self.execute("%cluster down --force", timeout=60)  # whatever it is attached to
         finally:
             self.kc.stop_channels()
             self.km.shutdown_kernel(now=True)

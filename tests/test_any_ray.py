@@ -63,7 +63,7 @@ def hand_started(sshd_server: SSHServer) -> Iterator[Callable[..., str]]:
     yield start
     current = jc.current()
     if current is not None and current is not previous:
-        current.down()
+        current.down(force=True)  # a cluster it attached to: the test's own heads are stopped below
     for ray in started:
         asyncio.run(_stop_started(ray))
     if previous is not None and previous.alive:
@@ -131,7 +131,7 @@ def test_a_token_kept_elsewhere_is_refused_clearly_then_given(
     token_file.write_text(token + "\n")
     cluster = jc.connect(_target(sshd_server), address=address, ray_token_file=str(token_file), **_options(sshd_server))
     assert _joined(cluster) == address
-    cluster.down()
+    cluster.down(force=True)
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", token)
     cluster = jc.connect(_target(sshd_server), address=address, **_options(sshd_server))
@@ -177,7 +177,7 @@ def test_the_token_of_a_started_head_is_where_rays_tools_look(sshd_server: SSHSe
             f"c = jc.connect({_target(sshd_server)!r}, address={started.address!r}, "
             f"identity={str(sshd_server.identity)!r}, known_hosts={str(sshd_server.known_hosts)!r})\n"
             "print('VALUE', c.run_cell('v = 6 * 7').result(60).outputs['v'])\n"
-            "c.down()\n"
+            "c.down(force=True)\n"
         )
         second = subprocess.run(
             [sys.executable, "-c", script], capture_output=True, text=True, env=environ, timeout=180

@@ -90,7 +90,7 @@ def _task_lines(rows: list[tuple[str, str, str, str, float]]) -> str:
 
 
 def test_the_systems_and_the_cells_tasks_and_actors_are_counted_apart_and_no_count_is_negative() -> None:
-    from jupyter_cluster.widgets._dashboard import state_groups, system_said
+    from jupyter_cluster._feed import state_groups, system_said
 
     node = summarize(
         _task_lines(
@@ -119,3 +119,30 @@ def test_the_systems_and_the_cells_tasks_and_actors_are_counted_apart_and_no_cou
     assert ("tasks", "failed") not in groups and ("actors", "dead") not in groups, "the system's failures are apart"
     assert groups[("tasks", "finished")] == 3.0 and groups[("actors", "alive")] == 1.0
     assert system_said(totals([node])) == "system: 1 actor alive, 1 task running"
+
+
+def test_other_jobs_work_is_counted_apart_from_the_notebooks_own() -> None:
+    """Given the notebook's own Ray job, another job's tasks and actors (another notebook's cells and what its code
+    started, a script) count as ``other_``; the system's stay the system's, whoever's job started them."""
+    from jupyter_cluster._feed import other_jobs_said, state_groups
+
+    rows = [
+        ("tasks", "step", "RUNNING", "01000000", 2),  # ours
+        ("tasks", "run_cell_task", "RUNNING", "01000000", 1),  # our cell
+        ("tasks", "step", "RUNNING", "02000000", 3),  # another notebook's code
+        ("tasks", "run_map_chunk", "RUNNING", "03000000", 1),  # another notebook's cell
+        ("actors", "Counter", "ALIVE", "02000000", 1),
+        ("actors", "ServeController", "ALIVE", "02000000", 1),  # Serve's: the system's, whoever started it
+    ]
+    text = "".join(
+        f'ray_{family}{{Name="{name}",State="{state}",JobId="{job}",SessionName="s"}} {value}\n'
+        for family, name, state, job, value in rows
+    )
+    node = summarize(text, job="01000000")
+    assert node["tasks"] == {"RUNNING": 2.0} and node["cell_tasks"] == {"RUNNING": 1.0} and node["actors"] == {}
+    assert node["other_tasks"] == {"RUNNING": 4.0} and node["other_actors"] == {"ALIVE": 1.0}
+    assert node["system_actors"] == {"ALIVE": 1.0}
+    assert state_groups(totals([node]))[("tasks", "running")] == 2.0
+    assert other_jobs_said(totals([node])) == "other notebooks and drivers: 1 actor alive, 4 tasks running"
+    # Without a job (a sampler told none), every job's work is the user's, as before.
+    assert summarize(text)["tasks"] == {"RUNNING": 5.0} and other_jobs_said(totals([summarize(text)])) == ""

@@ -24,7 +24,7 @@ from jupyter_cluster import InputError
 from jupyter_cluster.agent._metrics import summarize
 from jupyter_cluster.agent._sampler import SHOWN, MetricsSampler
 
-from .prometheus import PROMETHEUS, PrometheusServer, SimulatedNodes, address
+from .prometheus import DATA, PROMETHEUS, PrometheusServer, SimulatedNodes, address
 
 SESSION = "session_2026-11-25_00-00-00_000000_1"
 NODES = 40
@@ -33,10 +33,25 @@ DRAWN = ("cpu", "mem_used", "mem_total", "store", "store_used", "store_total", "
 pytestmark = pytest.mark.timeout(300)
 
 
+#: Each simulated node runs tasks and actors of two Ray jobs: the notebook's own (``OURS``) and another notebook's.
+OURS = "01000000"
+WORK = "".join(
+    f'ray_{family}{{Name="{name}",State="{state}",JobId="{job}",SessionName="{SESSION}"}} {count}\n'
+    for family, name, state, job, count in (
+        ("tasks", "step", "RUNNING", OURS, 2),
+        ("tasks", "run_map_chunk", "RUNNING", OURS, 1),
+        ("tasks", "step", "RUNNING", "02000000", 3),
+        ("tasks", "run_cell_task", "RUNNING", "02000000", 1),
+        ("actors", "Counter", "ALIVE", "02000000", 1),
+        ("actors", "ServeController", "ALIVE", "02000000", 1),
+    )
+)
+
+
 @pytest.fixture(scope="module")
 def simulated() -> Iterator[SimulatedNodes]:
     assert Path(PROMETHEUS).exists(), "no prometheus: `bash scripts/test.sh` installs Debian's package (as root)"
-    nodes = SimulatedNodes(NODES, SESSION)
+    nodes = SimulatedNodes(NODES, SESSION, (DATA / "ray_metrics_idle.txt").read_text() + WORK)
     yield nodes
     nodes.close()
 
@@ -85,6 +100,40 @@ def test_prometheus_sums_every_node_and_details_the_first(
     assert cluster["store_used"] == pytest.approx(NODES * one["store_used"])
     for kind in ("tasks", "actors"):
         assert cluster[kind] == {state: pytest.approx(NODES * n) for state, n in one[kind].items()}, kind
+
+
+def test_other_jobs_work_is_counted_apart_through_prometheus_as_when_scraped(
+    simulated: SimulatedNodes, prometheus: PrometheusServer
+) -> None:
+    """Told the notebook's own Ray job, Prometheus's sums count the other jobs' tasks and actors apart (by Ray's
+    ``JobId``), as the agent's own scrape does: the same figures either way."""
+    one = summarize(simulated.text, job=OURS)
+    assert one["tasks"] == {"RUNNING": 2.0} and one["other_tasks"] == {"RUNNING": 4.0}
+
+    async def both() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        sampler = _sampler(job=lambda: OURS, timeout=10.0)
+        try:
+            await sampler.use(prometheus.url)
+            nodes = await sampler.sample()
+            through = dict(sampler.cluster)
+            await sampler.use(False)
+            await sampler.sample()
+            return nodes, through, dict(sampler.cluster)
+        finally:
+            sampler.close()
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("JUPYTER_CLUSTER_METRICS_NODES", simulated.endpoints_env())
+    try:
+        nodes, through, scraped = asyncio.run(both())
+    finally:
+        monkey.undo()
+    for kind in ("tasks", "cell_tasks", "other_tasks", "actors", "other_actors", "system_actors"):
+        expected = {state: pytest.approx(NODES * n) for state, n in one[kind].items()}
+        assert through[kind] == expected, (kind, through[kind])
+        assert scraped[kind] == expected, (kind, scraped[kind])
+    for node in nodes.values():
+        assert node["other_tasks"] == one["other_tasks"] and node["tasks"] == one["tasks"]
 
 
 def test_found_where_rays_setting_points_once_it_has_this_sessions_nodes(prometheus: PrometheusServer) -> None:

@@ -94,6 +94,6 @@ def test_the_status_counts_the_other_notebooks_on_the_agent(cluster: jc.Cluster)
         _, sessions, _ = _others(cluster)
         assert sessions == {"attached": attached, "detached": detached + 1}, (before, sessions)
         if attached == 0 and not _others(cluster)[0]:
-            assert cluster._refuse_if_shared() is None  # a detached notebook does not count
+            assert cluster._refuse() is None  # a detached notebook does not count
     finally:
         second.stop()

@@ -128,7 +128,7 @@ def test_the_magic_says_so_at_connect(
         run(shell, "%%remote\nimport sys\nminor = sys.version_info[1]\ny = [v + 1 for v in x]").raise_error()
         assert shell.user_ns["y"] == [2, 3] and shell.user_ns["minor"] != sys.version_info[1]
     finally:
-        run(shell, "%cluster down").raise_error()
+        run(shell, "%cluster down --force").raise_error()
         if previous is not None and previous.alive:
             jc._cluster.attach(previous)
 

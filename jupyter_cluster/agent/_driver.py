@@ -66,8 +66,8 @@ class DriverCells:
             self.namespace["__file__"] = script
             # Before the code runs, which may start tasks at once that print a traceback through it (._cellsource).
             _cellsource.publish(filename, spec.source)
-            if spec.announce:
-                loop.call_soon_threadsafe(cell.emit, "running", {"node": node_ip(), "items": 1})
+            # Said at once, whether or not the cell asked: here it costs one message, not a worker's round trip.
+            loop.call_soon_threadsafe(cell.emit, "running", {"node": node_ip(), "items": 1})
             values = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
             # What the cell's child processes and C code write to the agent's descriptors comes to it (._fdout).
             output = CellOutput(sink, before_close=PROCESS_OUTPUT.settle)

@@ -108,6 +108,21 @@ def _count(value: float | None) -> float | int | None:
 METRICS_EVERY_MS = 2000
 
 
+#: The Ray namespace of the embedded cluster's agent, where its cells' named actors live.
+NAMESPACE = "jupyter_cluster"
+
+
+def agent_namespace(args: argparse.Namespace) -> str:
+    """The Ray namespace of this agent's driver: where the ``--actor`` cells' actors and the named actors its
+    driver cells make live. The embedded cluster has one agent: ``jupyter_cluster``. On a cluster that other
+    notebooks share, each session's agent has one of its own, ``jupyter_cluster-SESSION`` (its folder's name), as
+    each plain ``ray.init()`` has: two notebooks' ``--actor counter`` or ``name='keeper'`` are two actors, and
+    one notebook's *kill* cannot reach the other's. A session resumed later, by a new agent, finds its own."""
+    if args.local:
+        return NAMESPACE
+    return f"{NAMESPACE}-{os.path.basename(os.path.dirname(os.path.abspath(args.socket)))}"
+
+
 def init_ray(args: argparse.Namespace) -> None:
     if not args.local:
         use_token_auth(args.address)
@@ -119,7 +134,7 @@ def init_ray(args: argparse.Namespace) -> None:
     # every worker of its job marks its output by task (Ray's worker_process_setup_hook).
     runtime_env: dict[str, Any] = {"worker_process_setup_hook": SETUP_HOOK}
     kwargs: dict[str, Any] = {
-        "namespace": "jupyter_cluster",
+        "namespace": agent_namespace(args),
         "log_to_driver": True,
         "configure_logging": False,
         "runtime_env": runtime_env,
@@ -611,12 +626,15 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     _logs.NOTEBOOK_ON_HEAD = args.local
     runner.lines = _logs.install(loop, runner.cell_emit)
     server = AgentServer(args.socket, secret, {})
-    sampler = MetricsSampler(loop)
+    import ray
+
+    # Other notebooks' and drivers' work (other Ray jobs) is counted apart from what this notebook's cells started.
+    job = ray.get_runtime_context().get_job_id()
+    sampler = MetricsSampler(loop, job=lambda: job)
     server.handlers.update(handlers(runner, server, sampler))
     server.started = time.monotonic()  # type: ignore[attr-defined]
     await server.start()
     stop.append(lambda: loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.stop())))
-    import ray
 
     log.info("serving on %s", args.socket)
     announce({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__, **TOOLS})
@@ -644,6 +662,9 @@ def run(args: argparse.Namespace, reaper: Reaper | None = None) -> None:
     hint = "`%cluster down` and `%cluster local --cpus N --gpus N` start a bigger one" if args.local else ""
     ScriptDriver(lambda: threading.get_ident() == driver.main_ident and driver.current is not None, hint).install()
     _cellsource.install()
+    from ._owned import watch_serve
+
+    watch_serve()  # the Serve applications the cells deploy are theirs to list and stop, not another notebook's
     stop: list[Any] = []
     failed: list[BaseException] = []
     reaper = reaper or Reaper()

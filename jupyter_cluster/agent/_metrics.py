@@ -9,7 +9,9 @@ dashboard panels (``ray/dashboard/modules/reporter/reporter_agent.py``,
 ``ray/dashboard/modules/metrics/dashboards/default_dashboard_panels.py``); GPU memory
 is recorded in MB although declared as bytes, as Ray's panels assume. Tasks and actors
 are the user's (``tasks``, ``actors``) or the system's (``system_tasks``, ``system_actors``:
-Ray's libraries' own actors and this project's helpers, by Ray's ``Name`` label). A dashboard
+Ray's libraries' own actors and this project's helpers, by Ray's ``Name`` label). Given the
+notebook's own Ray job, the work of other jobs (other notebooks' agents, scripts, submitted
+jobs: Ray's ``JobId`` label) is counted apart (``other_tasks``, ``other_actors``). A dashboard
 needs only what changed: :func:`changes` gives that.
 """
 
@@ -34,8 +36,17 @@ FAMILIES = (
     "ray_actors",
 )
 #: Tasks and actors by state: those the user's code started, the system's and the cells' own (see
-#: :func:`._raylog.kind_of`).
-STATE_KINDS = ("tasks", "actors", "system_tasks", "system_actors", "cell_tasks", "cell_actors")
+#: :func:`._raylog.kind_of`), and those of other Ray jobs on the cluster.
+STATE_KINDS = (
+    "tasks",
+    "actors",
+    "system_tasks",
+    "system_actors",
+    "cell_tasks",
+    "cell_actors",
+    "other_tasks",
+    "other_actors",
+)
 _PREFIXES = tuple(f"{name}{{" for name in FAMILIES) + tuple(f"{name} " for name in FAMILIES)
 _MB = 1 << 20
 
@@ -81,16 +92,33 @@ class LineCache:
         return [sample for line in lines for sample in known[line]]
 
 
-def summarize(text: str, kept: bool = False, cache: LineCache | None = None) -> NodeSample:
+def summarize(text: str, kept: bool = False, cache: LineCache | None = None, job: str | None = None) -> NodeSample:
     """One node's state from its metrics text: CPU %, memory, object store by location and
     its capacity, each GPU, tasks and actors by state, and logical resources (used, total).
     ``kept``: the text holds only the drawn families already (see :func:`keep_drawn`);
-    ``cache``: parse only the lines this node's cache has not seen."""
+    ``cache``: parse only the lines this node's cache has not seen; ``job``: the notebook's
+    own Ray job (hex), whose tasks and actors are told from other jobs' (see :func:`whose`)."""
     text = text if kept else keep_drawn(text)
-    return summarize_samples(cache.samples(text) if cache is not None else parse(text))
+    return summarize_samples(cache.samples(text) if cache is not None else parse(text), job)
 
 
-def summarize_samples(samples: Iterable[Sample]) -> NodeSample:
+def whose(labels: dict[str, str], job: str | None = None) -> str:
+    """The prefix of the field that counts a task or actor sample: the system's and the cells' own by name
+    (:func:`._raylog.kind_of`), and, given the notebook's own ``job``, another job's work (``"other_"``: another
+    notebook's cells and what their code started, a script, a submitted job) by Ray's ``JobId`` label.
+
+    >>> whose({"Name": "f", "JobId": "01000000"}, "01000000"), whose({"Name": "f", "JobId": "02000000"}, "01000000")
+    ('', 'other_')
+    >>> whose({"Name": "run_cell_task", "JobId": "02000000"}, "01000000"), whose({"Name": "f", "JobId": "02000000"})
+    ('other_', '')
+    """
+    kind = kind_of(labels.get("Name", ""))
+    if job and kind != "system_" and labels.get("JobId", job) != job:
+        return "other_"
+    return kind
+
+
+def summarize_samples(samples: Iterable[Sample], job: str | None = None) -> NodeSample:
     """One node's state from its samples of the drawn families (see :func:`summarize`)."""
     node: NodeSample = {"store": {}, "gpus": {}, "resources": {}, **{kind: {} for kind in STATE_KINDS}}
     for name, labels, value in samples:
@@ -110,7 +138,7 @@ def summarize_samples(samples: Iterable[Sample]) -> NodeSample:
             total += value
             node["resources"][labels.get("Name", "")] = (used, total)
         elif name in ("ray_tasks", "ray_actors"):
-            states = node[kind_of(labels.get("Name", "")) + name[4:]]
+            states = node[whose(labels, job) + name[4:]]
             states[labels.get("State", "")] = states.get(labels.get("State", ""), 0.0) + value
         elif name.startswith(("ray_node_gpus_", "ray_node_gram_")):
             gpu = node["gpus"].setdefault(labels.get("GpuIndex", "0"), {"name": labels.get("GpuDeviceName", "")})
@@ -160,4 +188,5 @@ __all__ = [
     "summarize",
     "summarize_samples",
     "totals",
+    "whose",
 ]

@@ -7,19 +7,29 @@ its cells started, and stop it, without having kept the handles:
 
 - actors: Ray's actor table (the GCS; no dashboard needed), alive ones of this job,
   less the agent's own (the ``--actor`` namespaces and the output relay);
-- Serve applications: ``serve.status()``, when a Serve controller runs;
+- Serve applications: those the cells deployed (``serve.run``, ``serve.run_many``:
+  :func:`watch_serve` notes their names, since Serve keeps no owner of an application),
+  of those ``serve.status()`` lists, when a Serve controller runs. Serve is one per
+  cluster: other notebooks' applications are theirs, neither listed nor stopped;
 - placement groups: Ray's placement group table; a placement group id ends with its
   job's id.
 
-:func:`stop_started` stops them: ``serve.shutdown()``, then the named actors of the
-job (``ray.kill``), then its placement groups. Unnamed actors live only as long as
+:func:`stop_started` stops them: the cells' Serve applications (``serve.delete``, or
+``serve.shutdown()`` where Serve runs nothing else), then the named actors of the job
+(``ray.kill``), then its placement groups. Unnamed actors live only as long as
 a handle to them: clearing the driver's namespace lets them go.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import importlib.abc
+import importlib.util
 import logging
+import sys
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -37,23 +47,119 @@ def _job_hex() -> str:
     return ray.get_runtime_context().get_job_id()
 
 
-def _named() -> dict[str, str]:
-    """Named actors' namespaces, by name (any namespace)."""
-    return {str(a["name"]): str(a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True)}
+def _named() -> set[tuple[str, str]]:
+    """The named actors, as ``(name, namespace)`` (any namespace: one name may be in several)."""
+    return {(str(a["name"]), str(a["namespace"])) for a in ray.util.list_named_actors(all_namespaces=True)}
 
 
-def _serve_running(named: dict[str, str]) -> bool:
-    name, namespace = SERVE_CONTROLLER
-    return named.get(name) == namespace
+def _namespace_of(name: str, named: set[tuple[str, str]], own: str) -> str:
+    """The namespace of this job's actor named ``name``: the driver's own where one of that name is there (another
+    notebook's may have the same name in its namespace), else the one it was given (``.options(namespace=...)``)."""
+    if (name, own) in named:
+        return own
+    return next((namespace for found, namespace in sorted(named) if found == name), "")
+
+
+def _serve_running(named: set[tuple[str, str]]) -> bool:
+    return SERVE_CONTROLLER in named
+
+
+#: The Serve applications this agent's cells deployed, by name (see :func:`watch_serve`).
+SERVE_APPS: set[str] = set()
+_serve_lock = threading.Lock()
+
+
+def _note_serve(api: Any) -> None:
+    """Wrap ``ray.serve.api``'s funnel of ``serve.run`` and ``serve.run_many`` (``_run_many``), its ``delete`` and
+    its ``shutdown``, to keep :data:`SERVE_APPS`."""
+    if getattr(api, "_jupyter_cluster_noted", False):
+        return
+    run_many, delete, shutdown = api._run_many, api.delete, api.shutdown
+
+    def _run_many(targets: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        handles = run_many(targets, *args, **kwargs)
+        with _serve_lock:
+            SERVE_APPS.update(str(t.name) for t in targets)
+        return handles
+
+    @functools.wraps(delete)
+    def _delete(name: str, *args: Any, **kwargs: Any) -> Any:
+        result = delete(name, *args, **kwargs)
+        with _serve_lock:
+            SERVE_APPS.discard(name)
+        return result
+
+    @functools.wraps(shutdown)
+    def _shutdown(*args: Any, **kwargs: Any) -> Any:
+        result = shutdown(*args, **kwargs)
+        with _serve_lock:
+            SERVE_APPS.clear()
+        return result
+
+    api.delete, api.shutdown, api._run_many = _delete, _shutdown, _run_many
+    api._jupyter_cluster_noted = True
+
+
+class _ServeImport(importlib.abc.MetaPathFinder):
+    """Notes Serve's applications from the moment ``ray.serve.api`` is imported (by ``from ray import serve`` in a
+    cell), without importing Serve (seconds, and memory) in an agent that never uses it."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "ray.serve.api":
+            return None
+        sys.meta_path.remove(self)  # Python's own finders find it; this one only wraps its loading
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_note(module: Any) -> None:
+            exec_module(module)
+            _note_serve(module)
+
+        spec.loader.exec_module = exec_and_note  # type: ignore[method-assign]
+        return spec
+
+
+def watch_serve() -> None:
+    """Note, from now on, the Serve applications this process deploys (see :data:`SERVE_APPS`)."""
+    api = sys.modules.get("ray.serve.api")
+    if api is not None:
+        _note_serve(api)
+    elif not any(isinstance(finder, _ServeImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _ServeImport())
 
 
 def _serve_apps() -> dict[str, dict[str, str]]:
+    """The Serve applications this agent's cells deployed, of those Serve runs now."""
     from ray import serve
 
+    with _serve_lock:
+        ours = set(SERVE_APPS)
     apps = {}
     for name, app in serve.status().applications.items():
-        apps[name] = {"status": str(getattr(app.status, "value", app.status)), "message": app.message or ""}
+        if name in ours:
+            apps[name] = {"status": str(getattr(app.status, "value", app.status)), "message": app.message or ""}
     return apps
+
+
+def _stop_serve(apps: Sequence[str], errors: list[str]) -> None:
+    """Stop the cells' Serve applications ``apps``: Serve itself (``serve.shutdown()``) where it runs no other
+    notebook's, each of them (``serve.delete``) where it does."""
+    from ray import serve
+
+    try:
+        if set(serve.status().applications) <= set(apps):
+            serve.shutdown()
+            return
+    except Exception as exc:
+        errors.append(f"serve.status(): {exc}")
+        return
+    for name in apps:
+        try:
+            serve.delete(name)
+        except Exception as exc:
+            errors.append(f"serve.delete({name!r}): {exc}")
 
 
 def started(own_classes: frozenset[str] = OWN_CLASSES) -> dict[str, Any]:
@@ -63,7 +169,7 @@ def started(own_classes: frozenset[str] = OWN_CLASSES) -> dict[str, Any]:
     "serve": {app: {"status", "message"}}, "placement_groups": [{"id", "name", "state"}]}``
     """
     job = _job_hex()
-    named = _named()
+    named, own = _named(), ray.get_runtime_context().namespace
     actors = []
     for actor_id, info in ray._private.state.actors().items():
         if info.get("JobID") != job or info.get("State") == "DEAD":
@@ -72,18 +178,23 @@ def started(own_classes: frozenset[str] = OWN_CLASSES) -> dict[str, Any]:
         if cls in own_classes:
             continue
         name = str(info.get("Name") or "")
+        namespace = _namespace_of(name, named, own) if name else ""
+        if namespace == SERVE_CONTROLLER[1]:
+            # Serve's own (its controller, proxies and replicas: of the job that first started Serve, whoever's
+            # applications they run), stopped with the applications.
+            continue
         actors.append(
             {
                 "id": actor_id,
                 "name": name,
-                "namespace": named.get(name, "") if name else "",
+                "namespace": namespace,
                 "class": cls,
                 "detached": bool(info.get("IsDetached")),
                 "state": str(info.get("State", "")),
             }
         )
     serve: dict[str, dict[str, str]] = {}
-    if _serve_running(named):
+    if SERVE_APPS and _serve_running(named):
         try:
             serve = _serve_apps()
         except Exception as exc:  # the controller is starting or stopping
@@ -125,26 +236,21 @@ def stop_started(driver_ns: dict[str, Any], own_classes: frozenset[str] = OWN_CL
     before = started(own_classes)
     stopped: dict[str, Any] = {"serve": sorted(before["serve"]), "actors": [], "placement_groups": 0, "errors": []}
     if before["serve"]:
-        from ray import serve
-
-        try:
-            serve.shutdown()
-        except Exception as exc:
-            stopped["errors"].append(f"serve.shutdown(): {exc}")
+        _stop_serve(sorted(before["serve"]), stopped["errors"])
     from ._raycode import end_script, kill_actors
 
     end_script()
 
     # An unnamed actor goes with its last handle, unless a method of it runs (a loop): those are stopped by id.
     kill_actors([ray.ActorID.from_hex(a["id"]) for a in before["actors"] if not a["name"] and not a["detached"]])
+    from ray._private import worker
+
     for actor in before["actors"]:
         name = actor["name"]
         if not name:
             continue
-        try:
-            ray.kill(ray.get_actor(name, namespace=actor["namespace"]), no_restart=True)
-        except ValueError:  # gone meanwhile (Serve's own actors, with serve.shutdown())
-            continue
+        try:  # by its id, not its name: another notebook's actor may have the same name
+            worker.global_worker.core_worker.kill_actor(ray.ActorID.from_hex(actor["id"]), True)  # type: ignore[attr-defined]
         except Exception as exc:
             stopped["errors"].append(f"actor {name}: {exc}")
             continue
@@ -169,4 +275,4 @@ def stop_started(driver_ns: dict[str, Any], own_classes: frozenset[str] = OWN_CL
     return stopped
 
 
-__all__ = ["OWN_CLASSES", "started", "stop_started"]
+__all__ = ["OWN_CLASSES", "SERVE_APPS", "other_drivers", "started", "stop_started", "watch_serve"]

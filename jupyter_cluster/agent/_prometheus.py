@@ -37,7 +37,8 @@ DEFAULT_PROMETHEUS = "http://localhost:9090"
 
 #: The cluster's totals, each a query whose series carry the ``q`` label naming the field;
 #: ``{s}`` is the session selector. One request answers them all (``or`` unions vectors
-#: whose labels differ).
+#: whose labels differ). ``JOB`` is the notebook's own Ray job: given one, other jobs' work is counted apart
+#: (:data:`BY_JOB`), as :func:`._metrics.whose` does.
 TOTALS = {
     "cpu": "avg(ray_node_cpu_utilization{s})",
     "gpu": "avg(ray_node_gpus_utilization{s})",
@@ -50,6 +51,14 @@ TOTALS = {
     "cell_tasks": "sum by (State) (ray_tasks{s, Name=~CELLS})",
     "cell_actors": "sum by (State) (ray_actors{s, Name=~CELLS})",
     "count": "count(ray_node_cpu_utilization{s})",
+}
+BY_JOB = {
+    "tasks": 'sum by (State) (ray_tasks{s, Name!~SYSTEM, Name!~CELLS, JobId="JOB"})',
+    "actors": 'sum by (State) (ray_actors{s, Name!~SYSTEM, Name!~CELLS, JobId="JOB"})',
+    "cell_tasks": 'sum by (State) (ray_tasks{s, Name=~CELLS, JobId="JOB"})',
+    "cell_actors": 'sum by (State) (ray_actors{s, Name=~CELLS, JobId="JOB"})',
+    "other_tasks": 'sum by (State) (ray_tasks{s, Name!~SYSTEM, JobId!="JOB"})',
+    "other_actors": 'sum by (State) (ray_actors{s, Name!~SYSTEM, JobId!="JOB"})',
 }
 
 
@@ -67,13 +76,16 @@ def _selector(session: str, extra: str = "") -> str:
     return "{" + f'SessionName="{session}"' + (f", {extra}" if extra else "") + "}"
 
 
-def totals_query(session: str) -> str:
-    """One PromQL expression for every field of :data:`TOTALS`, each labelled ``q``."""
+def totals_query(session: str, job: str | None = None) -> str:
+    """One PromQL expression for every field of :data:`TOTALS` (and :data:`BY_JOB`, given the notebook's own
+    ``job``), each labelled ``q``."""
     selector = f'SessionName="{session}"'
     parts = []
-    for field, expr in TOTALS.items():
+    fields = {**TOTALS, **BY_JOB} if job else TOTALS
+    for field, expr in fields.items():
         inner = expr.replace("{s}", "{" + selector + "}").replace("{s, ", "{" + selector + ", ")
         inner = inner.replace("~SYSTEM", "~" + SYSTEM).replace("~CELLS", "~" + CELLS)
+        inner = inner.replace('"JOB"', f'"{job}"')
         parts.append(f'label_replace({inner}, "q", "{field}", "", "")')
     return " or ".join(parts)
 
@@ -87,10 +99,11 @@ def _regex(values: list[str]) -> str:
 class Prometheus:
     """A Prometheus server's query API (blocking calls: run them off the event loop)."""
 
-    def __init__(self, url: str, session: str, timeout: float = 2.0) -> None:
+    def __init__(self, url: str, session: str, timeout: float = 2.0, job: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.session = session
         self.timeout = timeout
+        self.job = job  # the notebook's own Ray job: other jobs' work is counted apart
 
     def __repr__(self) -> str:
         return f"Prometheus({self.url!r})"
@@ -137,7 +150,7 @@ class Prometheus:
         """The cluster as one, as :func:`._metrics.totals` gives it, plus ``count``, the nodes it sums."""
         merged: NodeSample = {"cpu": 0.0, "gpu": None, "store_used": 0.0, **{kind: {} for kind in STATE_KINDS}}
         merged.update(store_total=0.0, count=0)
-        for labels, value in self.query(totals_query(self.session)):
+        for labels, value in self.query(totals_query(self.session, self.job)):
             field = labels.get("q", "")
             if field in STATE_KINDS:
                 merged[field][labels.get("State", "")] = value
@@ -167,7 +180,7 @@ class Prometheus:
                 by_instance[instance].append((name, labels, value))
         nodes = {}
         for instance, samples in by_instance.items():
-            node = summarize_samples(samples)
+            node = summarize_samples(samples, self.job)
             if up.get(instance, 1.0) < 1.0:
                 node["stale"] = f"Prometheus at {self.url} could not scrape it last time"
             nodes[instance] = node

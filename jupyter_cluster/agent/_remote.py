@@ -11,9 +11,13 @@ cell's result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import pickle
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -117,6 +121,70 @@ def announce(spec: CellSpec, stream: int = 0, items: int = 1, event: str = "runn
         pass
 
 
+#: A cell that did not ask to be announced at once says it runs once it has run this long (seconds): its views
+#: then say "running", not "queued", for as long as it runs; a shorter cell ends before any view could tell.
+ANNOUNCE_AFTER = 0.25
+
+
+class _Announcer:
+    """One thread per worker process that announces the cells still running :data:`ANNOUNCE_AFTER` s after they
+    began (a thread per cell, started and stopped, cost a trivial cell 1.5 ms)."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, tuple[float, CellSpec]] = {}
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, key: int, spec: CellSpec) -> None:
+        with self._changed:
+            self._due[key] = (time.monotonic() + ANNOUNCE_AFTER, spec)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="jupyter-cluster-announce", daemon=True)
+                self._thread.start()
+            elif len(self._due) == 1:
+                self._changed.notify()  # it waits for a first cell
+
+    def discard(self, key: int) -> None:
+        with self._changed:
+            self._due.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                ready = [key for key, (due, _) in self._due.items() if due <= now]
+                specs = [self._due.pop(key)[1] for key in ready]
+                if not specs:
+                    first = min((due for due, _ in self._due.values()), default=None)
+                    self._changed.wait(None if first is None else first - now)
+                    continue
+            for spec in specs:
+                try:
+                    announce(spec)
+                except Exception:  # the relay is gone (the agent stops): the cell goes on without its marker
+                    pass
+
+
+_announcer = _Announcer()
+
+
+@contextlib.contextmanager
+def announced(spec: CellSpec) -> Iterator[None]:
+    """Tell the notebook the cell runs: at once where it asked (an ``--async`` cell, whose line says so), else
+    once it has run :data:`ANNOUNCE_AFTER` s. A trivial cell is spared the relay's round trip (it doubled its
+    time); a long one is not shown queued while it runs."""
+    if spec.announce:
+        announce(spec)
+        yield
+        return
+    key = id(spec)
+    _announcer.add(key, spec)
+    try:
+        yield
+    finally:
+        _announcer.discard(key)
+
+
 def _returns(outcome: CellOutcome, values: list[Any]) -> Any:
     # The outcome travels as plain pickle bytes: Ray moves bytes faster than objects.
     envelope = pickle.dumps(outcome, protocol=5)
@@ -127,9 +195,8 @@ def _returns(outcome: CellOutcome, values: list[Any]) -> Any:
 def run_cell_task(spec_bytes: bytes, *values: Any) -> Any:
     """One cell as one Ray task; returns ``(outcome bytes, *exported values)``."""
     spec: CellSpec = pickle.loads(spec_bytes)
-    if spec.announce:
-        announce(spec)
-    outcome, exported = run_cell_in(spec, fresh_namespace(), values, CellOutput(_relay_sink(spec)))
+    with announced(spec):
+        outcome, exported = run_cell_in(spec, fresh_namespace(), values, CellOutput(_relay_sink(spec)))
     return _returns(outcome, exported)
 
 
@@ -217,12 +284,10 @@ class CellNamespace:
 
     def run(self, spec_bytes: bytes, *values: Any) -> Any:
         spec: CellSpec = pickle.loads(spec_bytes)
-        if spec.announce:
-            announce(spec)
         output = CellOutput(_relay_sink(spec))
         set_current(spec)
         try:
-            with self.cells.running(spec.cell_id):
+            with self.cells.running(spec.cell_id), announced(spec):
                 outcome, exported = run_cell_in(spec, self.ns, values, output)
         except KeyboardInterrupt as exc:  # an interrupt that landed just outside the cell's code
             failure = failure_from(exc, spec.source, spec.cell_id)

@@ -167,6 +167,7 @@ class MetricsSampler:
         available: Callable[[], dict[str, dict[str, float]]] | None = None,
         prometheus: str | None = None,
         budget: float = BUDGET,
+        job: Callable[[], str | None] | None = None,
     ) -> None:
         self.loop = loop
         self.interval = interval
@@ -186,6 +187,8 @@ class MetricsSampler:
         self._list_nodes = list_nodes or _ray_nodes
         self._available = available or _ray_available
         self._session_name = session_name or _ray_session_name
+        #: The notebook's own Ray job (hex), whose work is told from other jobs' (None: not told apart).
+        self._job = job or (lambda: None)
         #: Where to look for a Prometheus server when none was given (Ray's own setting).
         self._default_prometheus = prometheus or os.environ.get(PROMETHEUS_ENV) or DEFAULT_PROMETHEUS
         self._prometheus: Prometheus | None = None
@@ -242,7 +245,8 @@ class MetricsSampler:
         :class:`PrometheusError` when it does not answer), ``False`` for the nodes' own
         endpoints, ``None`` to look for a server where Ray's setting points (the default)."""
         if isinstance(prometheus, str):
-            server = Prometheus(prometheus, await self.loop.run_in_executor(self._pool, self._session_name))
+            session = await self.loop.run_in_executor(self._pool, self._session_name)
+            server = Prometheus(prometheus, session, job=self._job())
             version = await self.loop.run_in_executor(self._pool, server.check)
             self._prometheus, self._chosen = server, True
             self._instances = []
@@ -383,7 +387,7 @@ class MetricsSampler:
             return
         self._probed_at = time.monotonic()
         try:
-            server = Prometheus(self._default_prometheus, self._session_name(), timeout=1.0)
+            server = Prometheus(self._default_prometheus, self._session_name(), timeout=1.0, job=self._job())
             if server.covers() > 0:
                 self._prometheus = server
                 log.info("metrics from %s, which scrapes this cluster", server.url)
@@ -438,7 +442,7 @@ class MetricsSampler:
         last = self._parsed.get(node_id)
         if last is not None and last[0] == text:
             return dict(last[1]), time.thread_time() - started
-        sample = summarize(text, kept=True, cache=self._lines.setdefault(node_id, LineCache()))
+        sample = summarize(text, kept=True, cache=self._lines.setdefault(node_id, LineCache()), job=self._job())
         self._parsed[node_id] = (text, sample)
         return dict(sample), time.thread_time() - started
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets
 
-from .._feed import MetricsFeed
+from .._feed import MetricsFeed, other_jobs_said, state_groups, system_said
 from .._handles import format_size
 from ..agent._metrics import NodeSample, totals
 
@@ -56,40 +56,6 @@ WORK = (
     ("Ray actors", "alive"),
     ("Ray actors", "pending"),
 )
-#: Ray's fine-grained states (``ray_tasks{State}``, ``ray_actors{State}``) summed into these.
-GROUPS = {
-    "tasks": ("pending", "running", "finished", "failed"),
-    "actors": ("pending", "alive", "restarting", "dead"),
-}
-
-
-def _group(kind: str, state: str) -> str | None:
-    if kind == "tasks":
-        if state.startswith("RUNNING"):
-            return "running"
-        if state in ("FINISHED", "FAILED"):
-            return state.lower()
-        return "pending"  # PENDING_*, SUBMITTED_TO_WORKER, GETTING_AND_PINNING_ARGS...
-    if state in ("ALIVE", "RESTARTING", "DEAD"):  # ALIVE_IDLE, ALIVE_RUNNING_TASKS: kinds of ALIVE
-        return state.lower()
-    if state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY"):
-        return "pending"
-    return None
-
-
-def state_groups(cluster: NodeSample, system: bool = False) -> dict[tuple[str, str], float]:
-    """``{("tasks", "running"): 3.0, ...}`` from a cluster's totals: the user's tasks and actors, or with
-    ``system`` those of Ray's libraries' own actors and this project's helpers.
-
-    Never below zero: Ray counts a task's states where it is owned and where it runs, and the
-    two gauges, read a moment apart, can sum to -1 for a state a task is leaving."""
-    groups: dict[tuple[str, str], float] = {}
-    for kind in GROUPS:
-        for state, count in cluster.get(("system_" if system else "") + kind, {}).items():
-            group = _group(kind, state)
-            if group is not None:
-                groups[kind, group] = groups.get((kind, group), 0.0) + count
-    return {key: max(0.0, round(count)) for key, count in groups.items()}
 
 
 def cells_work(cells: Iterable[Any], last_map: Any = None) -> dict[tuple[str, str], float]:
@@ -117,17 +83,6 @@ def work_said(work: dict[tuple[str, str], float]) -> str:
     return "; ".join(
         f"{kind}: " + ", ".join(f"{work.get((kind, g), 0.0):.0f} {g}" for k, g in WORK if k == kind) for kind in kinds
     )
-
-
-def system_said(cluster: NodeSample) -> str:
-    """The system's work now, apart from the user's (``system: 3 actors alive, 1 task running``), or ''."""
-    groups = state_groups(cluster, system=True)
-    parts = [
-        f"{count:.0f} {kind[:-1] if count == 1 else kind} {group}"
-        for kind, group in (("actors", "alive"), ("tasks", "running"), ("tasks", "pending"))
-        if (count := groups.get((kind, group), 0.0))
-    ]
-    return "system: " + ", ".join(parts) if parts else ""
 
 
 def work_counts(cells: Iterable[Any], last_map: Any = None, *, cluster: NodeSample) -> dict[tuple[str, str], float]:
@@ -219,6 +174,9 @@ def snapshot_html(
     system = system_said(cluster)
     if system:
         states.append(f"{system} (Ray's libraries and jupyter_cluster's own, not counted above)")
+    others = other_jobs_said(cluster)
+    if others:
+        states.append(f"{others} (not counted above)")
     title = title or f"Cluster dashboard: {len(nodes)} node(s)"
     return (
         f'<div class="jc-dashboard-snapshot"><b>{html.escape(title)}</b>'
@@ -381,6 +339,13 @@ class Dashboard(ipywidgets.VBox):
             parts.append(
                 f"<span style='color:#888' title=\"Ray's libraries' own actors and jupyter_cluster's helpers: "
                 f'not in the tasks and actors drawn">{html.escape(system)}</span>'
+            )
+        others = other_jobs_said(self.feed.totals())
+        if others:
+            parts.append(
+                "<span style='color:#888' title=\"the cluster's other Ray jobs: other notebooks' cells and what "
+                f'their code started, scripts, submitted jobs; not in the tasks and actors drawn">{html.escape(others)}'
+                "</span>"
             )
         if self.feed.history:
             updated = time.strftime("updated %H:%M:%S", time.localtime(self.feed.history[-1][0]))
@@ -654,4 +619,13 @@ def dashboard(cluster: Cluster, window: float = 300.0) -> Dashboard:
     return Dashboard(cluster, window=window)
 
 
-__all__ = ["Dashboard", "dashboard", "load_bokeh", "node_rows", "snapshot_html", "state_groups", "system_said"]
+__all__ = [
+    "Dashboard",
+    "dashboard",
+    "load_bokeh",
+    "node_rows",
+    "other_jobs_said",
+    "snapshot_html",
+    "state_groups",
+    "system_said",
+]

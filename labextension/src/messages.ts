@@ -146,6 +146,11 @@ export interface INodesMessage {
   /** How old the figures were as the kernel sent them (seconds, by the kernel's clock). */
   age?: number;
   nodes: INodeState[];
+  /**
+   * The cluster's other Ray jobs' work now, in words (`other notebooks and drivers: 1 actor
+   * alive, 4 tasks running`), or '' (older kernels send none).
+   */
+  others?: string;
 }
 
 /** Running cells, then the most recent finished ones (at most 10), newest first. */

@@ -71,6 +71,11 @@ export class ClusterModel {
     return this._nodes;
   }
 
+  /** Other notebooks' and Ray drivers' work on the cluster, in words, or ''. */
+  get others(): string {
+    return this._others;
+  }
+
   /** When the kernel sampled `nodes` (seconds since the epoch), or null. */
   get nodesTime(): number | null {
     return this._nodesTime;
@@ -110,6 +115,7 @@ export class ClusterModel {
         break;
       case 'nodes':
         this._nodes = msg.nodes;
+        this._others = msg.others ?? '';
         // When the figures were true, by this browser's clock (the kernel's may differ): arrival less their age.
         this._nodesTime = Date.now() / 1000 - (msg.age ?? 0);
         break;
@@ -137,6 +143,7 @@ export class ClusterModel {
     this._packageVersion = '';
     this._link = null;
     this._nodes = [];
+    this._others = '';
     this._nodesTime = null;
     this._cells = [];
     this._actors = [];
@@ -151,6 +158,7 @@ export class ClusterModel {
   private _link: ILinkState | null = null;
   private _nodes: readonly INodeState[] = [];
   private _nodesTime: number | null = null;
+  private _others = '';
   private _cells: readonly ICellState[] = [];
   private _actors: readonly IActorState[] = [];
   private _runs: readonly IRunState[] = [];

@@ -26,9 +26,15 @@ export class NodesView extends SectionView {
     const rows = model.nodes.map(node => nodeRow(node));
     this._age.className = 'jc-nodes-age';
     this._sampled = rows.length > 0 ? model.nodesTime : null;
+    // The rest of the cluster's work, counted apart: the sections below list this notebook's own.
+    const others = element('div', 'jc-nodes-others', model.others);
+    others.title =
+      "The cluster's other Ray jobs: other notebooks' cells and what their code started, scripts, " +
+      'submitted jobs. Not listed here: they are theirs.';
+    others.hidden = !model.others;
     this.body.replaceChildren(
       ...(rows.length > 0
-        ? [...rows, this._age]
+        ? [...rows, others, this._age]
         : [emptyLine('Waiting for the nodes…')])
     );
     this.showAge();

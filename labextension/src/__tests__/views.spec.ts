@@ -95,6 +95,20 @@ describe('NodesView', () => {
     expect(rows(view, '.jc-node')).toHaveLength(1);
   });
 
+  it("counts other notebooks' work apart, and says nothing when there is none", () => {
+    const { view, comm } = show(new NodesView());
+    const others = () =>
+      view.node.querySelector<HTMLElement>('.jc-nodes-others');
+    expect(others()?.hidden).toBe(true); // the fixture's kernel sent none
+    const said = 'other notebooks and drivers: 1 actor alive, 4 tasks running';
+    comm.receive({ ...fx.nodes, others: said });
+    expect(others()?.hidden).toBe(false);
+    expect(text(others())).toBe(said);
+    expect(others()?.title).toContain("other notebooks' cells");
+    comm.receive({ ...fx.nodes, others: '' });
+    expect(others()?.hidden).toBe(true);
+  });
+
   it('greys figures older than two seconds and says their age', () => {
     jest.useFakeTimers({ doNotFake: ['queueMicrotask', 'nextTick'] });
     jest.setSystemTime(fx.T0 * 1000);
