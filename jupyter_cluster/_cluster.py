@@ -640,10 +640,12 @@ class Cluster:
 
         ``--driver`` cells can start actors (detached ones outlive the agent), Serve
         applications and placement groups; ``%cluster status`` lists them under "started
-        by cells". This shuts Serve down, kills the named actors the cells' job made
+        by cells". This deletes the Serve applications the cells deployed (and shuts Serve
+        down where it runs no other notebook's), kills the named actors the cells' job made
         (detached ones too), removes its placement groups and empties the ``--driver``
-        namespace (unnamed actors go with the last handle to them). ``--actor``
-        namespaces are kept (``kill_actor`` stops those). Refused while cells run.
+        namespace (unnamed actors go with the last handle to them). Other notebooks' work is
+        left alone. ``--actor`` namespaces are kept (``kill_actor`` stops those). Refused
+        while cells run.
 
         Returns what was stopped: ``{"serve": [apps], "actors": [names],
         "placement_groups": n, "unnamed": n, "errors": [...]}``.
@@ -912,8 +914,8 @@ class Cluster:
 
         Cells still running fail at once, and so does any wait on their handles. Port
         forwards are closed. On a cluster that outlives the agent (SSH), what the cells
-        started is stopped first, as :meth:`reset_driver` does: Serve, the named and
-        detached actors of the cells' job, its placement groups.
+        started is stopped first, as :meth:`reset_driver` does: the cells' Serve applications,
+        the named and detached actors of the cells' job, its placement groups.
 
         Unless ``force`` (``%cluster down --force``), this raises :class:`ClusterError`, saying why, and stops
         nothing:
