@@ -710,7 +710,9 @@ class Cluster:
             raise ClusterConnectionError(f"{self!r} is detached: attach again to forward a port")
         embedded = self._agent is not None
         where = "embedded cluster (this machine)" if embedded else f"head {self._link.target}"
-        opener = None if embedded else ssh_opener(self._link.transport)
+        transport = self._link.transport
+        # Through the SSH connection, or through relays the command of `--via` runs (its transport opens them).
+        opener = None if embedded else getattr(transport, "open_port", None) or ssh_opener(transport)
         forward = open_forward(port, wanted, where, opener)
         self.forwards.append(forward)
         forward.note = forward.probe()

@@ -25,8 +25,10 @@ from typing import Any
 
 from ._cluster import Cluster, _detached, attach, with_session_env
 from ._errors import ClusterConnectionError
+from ._forward import open_forward
 from ._link import DEFAULT_KEEPALIVE, AgentLink, _LoopThread
 from ._ssh import HeadError, NoRayError, RemoteHead, SSHTarget, SSHTransport, open_ssh
+from ._via import CommandHead, CommandTransport, ViaTarget
 
 DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
 log = logging.getLogger("jupyter_cluster")
@@ -43,7 +45,7 @@ class StartedRay:
     address: str
     session_name: str
     token: str
-    hosts: list[SSHTarget] = field(default_factory=list)
+    hosts: list[SSHTarget | ViaTarget] = field(default_factory=list)
 
     @property
     def patterns(self) -> tuple[str, str]:
@@ -61,9 +63,11 @@ def _token_env(token: str) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
 
 
-def _node_ip(target: SSHTarget) -> str:
+def _node_ip(target: SSHTarget | ViaTarget) -> str:
     """``--node-ip-address`` for a host named by a (non-loopback) IP: Ray's own guess
     needs a default route, which a private network may not have."""
+    if isinstance(target, ViaTarget):
+        return ""  # Ray's own guess, made where it runs
     try:
         address = ipaddress.ip_address(target.host)
     except ValueError:
@@ -106,14 +110,27 @@ async def _start_head(head: RemoteHead, port: int) -> StartedRay:
     return StartedRay(match.group(1), session_name, token, [head.target])
 
 
+async def _open_head(target: SSHTarget | ViaTarget) -> tuple[RemoteHead, Any]:
+    """Commands on ``target``: over a new SSH connection (returned, to close), or through its command (None)."""
+    if isinstance(target, ViaTarget):
+        return CommandHead(target), None
+    conn = await open_ssh(target)
+    return RemoteHead(target, conn), conn
+
+
 async def _stop_started(started: StartedRay) -> None:
     for target in started.hosts:
         try:
-            conn = await open_ssh(target)
+            head, conn = await _open_head(target)
         except ClusterConnectionError:
             continue  # unreachable now; nothing more can be done from here
-        async with conn:
-            await RemoteHead(target, conn).stop_ray(*started.patterns)
+        try:
+            await head.stop_ray(*started.patterns)
+        except ClusterConnectionError:
+            continue
+        finally:
+            if conn is not None:
+                conn.close()
 
 
 def _kernel_ray() -> str | None:
@@ -141,7 +158,7 @@ def ray_note(mine: str | None, head_ray: str) -> str | None:
 
 
 async def _bring_up(
-    target: SSHTarget,
+    target: SSHTarget | ViaTarget,
     *,
     session: str | None,
     start_head: bool,
@@ -153,10 +170,9 @@ async def _bring_up(
     address: str | None = None,
 ) -> tuple[Any, dict[str, Any], StartedRay | None]:
     """Log in, find or start the session's agent (one exec in the usual case), and
-    return the connection, the agent's state and the Ray this call started."""
-    conn = await open_ssh(target)
+    return the connection (None through a command), the agent's state and the Ray this call started."""
+    head, conn = await _open_head(target)
     try:
-        head = RemoteHead(target, conn)
         resume = session is not None
         session = session or secrets.token_hex(4)
         while True:
@@ -184,7 +200,8 @@ async def _bring_up(
         state["info"] = head.info
         return conn, state, started
     except BaseException:
-        conn.close()
+        if conn is not None:
+            conn.close()
         if started is not None and start_head:
             await _stop_started(started)
         raise
@@ -217,6 +234,7 @@ def _ray_token(ray_token_file: str | None) -> str | None:
 def connect(
     target: str | None = None,
     *,
+    via: str | Sequence[str] | None = None,
     config: str | os.PathLike[str] | None = None,
     identity: str | None = None,
     python: str | None = None,
@@ -238,6 +256,12 @@ def connect(
 
     Parameters
     ----------
+    via
+        A command that runs a program on the head with its stdin and stdout joined to this kernel's, instead of
+        ``target``: ``"kubectl exec -i -n ray POD -c ray-head --"``, ``"docker exec -i CONTAINER"``,
+        ``"ssh -p 2222 user@host"`` (OpenSSH's client: a jump host, Kerberos, a hardware key). The session is
+        the same as over SSH: the agent started or found there, shipped where the head lacks this package, and
+        a dropped stream resumed by running the command again.
     config
         A cluster YAML of Ray's cluster launcher, instead of ``target``: attach to that
         cluster's running head (``ray get-head-ip`` on this machine) as the YAML's
@@ -280,6 +304,8 @@ def connect(
     >>> cluster = jc.connect("alice@head.example", start_head=True)  # doctest: +SKIP
     >>> cluster = jc.connect(config="cluster.yaml")  # doctest: +SKIP
     """
+    if via is not None and (target is not None or config is not None):
+        raise ValueError("give a head ([user@]host[:port]), a command that reaches it (via=), or config=: one of them")
     if config is not None:
         if target is not None:
             raise ValueError("give a head to connect to, or a cluster YAML as config=, not both")
@@ -305,8 +331,11 @@ def connect(
             on_interrupt=on_interrupt,
             ship=ship,
         )
-    if target is None:
-        raise ValueError("connect needs a head ([user@]host[:port]), or a cluster YAML of Ray's launcher: config=")
+    if target is None and via is None:
+        raise ValueError(
+            "connect needs a head ([user@]host[:port]), a command that reaches it (via=), or a cluster YAML of "
+            "Ray's launcher: config="
+        )
     if ship not in ("auto", "always"):
         raise ValueError("ship must be 'auto' or 'always'")
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
@@ -320,12 +349,19 @@ def connect(
         cluster._link.reopen()
         return with_session_env(runtime_env, attach, cluster)
     token = _ray_token(ray_token_file)
-    ssh_target = SSHTarget.parse(
-        target, identity=identity, known_hosts=known_hosts, python=python, keepalive=float(keepalive)
-    )
+    head_target: SSHTarget | ViaTarget
+    if via is not None:
+        if identity or known_hosts:
+            raise ValueError("identity and known_hosts are for SSH: the command given as via= logs in its own way")
+        head_target = ViaTarget.parse(via, python)
+    else:
+        assert target is not None
+        head_target = SSHTarget.parse(
+            target, identity=identity, known_hosts=known_hosts, python=python, keepalive=float(keepalive)
+        )
     conn, state, started = _run(
         _bring_up(
-            ssh_target,
+            head_target,
             session=session,
             start_head=start_head,
             ship=ship,
@@ -337,20 +373,33 @@ def connect(
         ),
         timeout=None,
     )
-    transport = SSHTransport(ssh_target, state["socket"], conn)
+    transport: SSHTransport | CommandTransport
+    if isinstance(head_target, ViaTarget):
+        transport = CommandTransport(head_target, state["socket"])
+    else:
+        transport = SSHTransport(head_target, state["socket"], conn)
     link = AgentLink(transport, state["secret"], state["session"], reconnect_for=reconnect_for, keepalive=keepalive)
     try:
         link.connect()
     except BaseException:
-        conn.close()
+        if conn is not None:
+            conn.close()
+        transport.discard()
         raise
     transport.agent_pid = int(link.welcome["pid"])
-    cluster = Cluster(link, kind=f"ssh {ssh_target.describe()}")
+    kind = f"via {head_target.describe()}" if isinstance(head_target, ViaTarget) else f"ssh {head_target.describe()}"
+    cluster = Cluster(link, kind=kind)
     cluster.on_interrupt = on_interrupt
     cluster.head = state["info"]
     cluster.shipped = state.get("shipped")
     cluster.ray_note = ray_note(_kernel_ray(), state["info"].get("ray", ""))
-    cluster.dashboard_url = _run(_forward_dashboard(conn), timeout=30)
+    if isinstance(transport, CommandTransport):
+        # Ray's dashboard, on the head's loopback: a forward whose connections are relays the command runs.
+        dashboard = open_forward(DASHBOARD_PORT, None, f"head {transport.describe()}", transport.open_port)
+        cluster.forwards.append(dashboard)
+        cluster.dashboard_url = dashboard.url
+    else:
+        cluster.dashboard_url = _run(_forward_dashboard(conn), timeout=30)
     cluster.started = started
     if started is not None:
         cluster.stoppers.append(lambda: _run(_stop_started(started), timeout=120))

@@ -196,6 +196,11 @@ def _cluster_parser() -> argparse.ArgumentParser:
     connect = commands.add_parser("connect", help="attach to a Ray head over SSH")
     connect.add_argument("target", nargs="?", help="[user@]host[:port]")
     connect.add_argument("--config", help="a cluster YAML: attach to the running cluster Ray's launcher started")
+    connect.add_argument(
+        "--via",
+        help="a command that runs a program on the head, stdin and stdout joined to ours, instead of a head to "
+        "reach over SSH: 'kubectl exec -i -n ray POD -c ray-head --', 'docker exec -i CONTAINER', 'ssh -p 2222 host'",
+    )
     up = commands.add_parser("up", help="start Ray on a head and workers over SSH (or with `ray up`), and attach")
     up.add_argument("head", nargs="?", help="[user@]host[:port]")
     up.add_argument("workers", nargs="*", help="[user@]host[:port] of each worker")
@@ -367,11 +372,14 @@ class ClusterMagics(Magics):
                 f"%cluster up: {given}: give HEAD [WORKER ...] to start Ray there over SSH, or --config "
                 f"cluster.yaml for Ray's cluster launcher\n{_cluster_parser().format_usage()}"
             )
-        if args.command == "connect" and (args.target is None) == (args.config is None):
-            given = "both a head and --config" if args.target else "neither a head nor --config"
+        if args.command == "connect" and [args.target, args.config, args.via].count(None) != 2:
+            ways = (("a head", args.target), ("--config", args.config), ("--via", args.via))
+            named = [what for what, value in ways if value]
+            said = ("both " + " and ".join(named)) if named else "neither a head, --config nor --via"
             raise UsageError(
-                f"%cluster connect: {given}: give [user@]host[:port], or --config cluster.yaml for the running "
-                f"cluster of Ray's cluster launcher\n{_cluster_parser().format_usage()}"
+                f"%cluster connect: {said}: give [user@]host[:port], --via COMMAND (a command that runs a program "
+                "on the head), or --config cluster.yaml for the running cluster of Ray's cluster launcher\n"
+                f"{_cluster_parser().format_usage()}"
             )
         if args.command == "connect" and args.port is not None and not args.start_head:
             raise UsageError("%cluster connect: --port goes with --start-head (the port of the Ray it starts)")
@@ -387,6 +395,7 @@ class ClusterMagics(Magics):
             else:
                 cluster = connect(
                     args.target,
+                    via=args.via,
                     start_head=args.start_head,
                     session=args.session,
                     ray_token_file=args.ray_token_file,

@@ -20,6 +20,7 @@ import _thread
 import asyncio
 import os
 import secrets
+import shlex
 import shutil
 import tempfile
 import threading
@@ -122,6 +123,31 @@ def test_a_reset_link_reconnects_and_loses_nothing(
         _check_exactly_once(cell)
         assert cluster.link["state"] == "connected"
     finally:
+        cluster.down(force=True)
+
+
+def test_a_reset_link_through_a_command_reconnects_and_loses_nothing(
+    link_cutter: CuttableLink, sshd_server: SSHServer, head: str
+) -> None:
+    """``--via`` with OpenSSH's own client through the same cut link: the client exits with the link, each try to
+    run it again fails while the link refuses, and the first that gets through resumes the session, as the
+    asyncssh link does."""
+    assert link_cutter.known_hosts is not None
+    client = ["ssh", "-F", "/dev/null", "-i", str(sshd_server.identity), "-p", str(link_cutter.port)]
+    client += ["-o", f"UserKnownHostsFile={link_cutter.known_hosts}", "-o", "StrictHostKeyChecking=yes"]
+    client += ["-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", f"root@{link_cutter.host}"]
+    cluster = jc.connect(via=shlex.join(client), address=head)
+    try:
+        cell = cluster.run_cell(SOURCE)
+        time.sleep(3)
+        link_cutter.cut()
+        _hold(OUTAGE, cell)
+        assert cluster.link["state"] == "reconnecting" and cluster.link["attempts"] >= 3
+        link_cutter.restore()
+        _check_exactly_once(cell)
+        assert cluster.link["state"] == "connected"
+    finally:
+        link_cutter.restore()
         cluster.down(force=True)
 
 
