@@ -384,7 +384,7 @@ def test_up_config_restart_is_only_for_a_cluster_yaml(ip: Any) -> None:
         jc.up("head.example", restart=True)
     with pytest.raises(UsageError, match="--restart goes with --config"):
         ip.run_line_magic("cluster", "up head.example --restart")
-    with pytest.raises(UsageError, match="neither a head nor --config"):
+    with pytest.raises(UsageError, match="neither a head, --config nor --via"):
         ip.run_line_magic("cluster", "connect")
 
 
