@@ -26,6 +26,7 @@ from typing import Any
 from ._cluster import Cluster, _detached, attach, with_session_env
 from ._errors import ClusterConnectionError
 from ._forward import open_forward
+from ._kube import KubeSpec, exec_target, find_head, is_kube, replacement_check
 from ._link import DEFAULT_KEEPALIVE, AgentLink, _LoopThread
 from ._ssh import HeadError, NoRayError, RemoteHead, SSHTarget, SSHTransport, open_ssh
 from ._via import CommandHead, CommandTransport, ViaTarget
@@ -252,7 +253,8 @@ def connect(
     runtime_env: dict[str, Any] | None = None,
     _started: StartedRay | None = None,
 ) -> Cluster:
-    """Attach the notebook to the Ray cluster whose head is ``target`` (``[user@]host[:port]``).
+    """Attach the notebook to the Ray cluster whose head is ``target``: ``[user@]host[:port]`` over SSH, or
+    ``k8s:[CONTEXT/]NAMESPACE/RAYCLUSTER``, a RayCluster of KubeRay, through ``kubectl exec`` into its head pod.
 
     Parameters
     ----------
@@ -303,6 +305,7 @@ def connect(
     --------
     >>> cluster = jc.connect("alice@head.example", start_head=True)  # doctest: +SKIP
     >>> cluster = jc.connect(config="cluster.yaml")  # doctest: +SKIP
+    >>> cluster = jc.connect("k8s:ray/raycluster-kuberay")  # doctest: +SKIP
     """
     if via is not None and (target is not None or config is not None):
         raise ValueError("give a head ([user@]host[:port]), a command that reaches it (via=), or config=: one of them")
@@ -350,10 +353,20 @@ def connect(
         return with_session_env(runtime_env, attach, cluster)
     token = _ray_token(ray_token_file)
     head_target: SSHTarget | ViaTarget
+    kind = ""
+    if (via is not None or is_kube(target)) and (identity or known_hosts):
+        raise ValueError("identity and known_hosts are for SSH: a command (via=, k8s:) logs in its own way")
     if via is not None:
-        if identity or known_hosts:
-            raise ValueError("identity and known_hosts are for SSH: the command given as via= logs in its own way")
         head_target = ViaTarget.parse(via, python)
+    elif is_kube(target):
+        assert target is not None
+        spec = KubeSpec.parse(target)
+        if start_head:
+            raise ValueError("start_head is for a head without Ray: KubeRay starts Ray in a RayCluster's head pod")
+        pod = _run(find_head(spec), timeout=None)
+        head_target = exec_target(spec, pod, python)
+        head_target.replaced = replacement_check(spec, pod)
+        kind = f"{spec.describe()} (pod {pod['metadata']['name']})"
     else:
         assert target is not None
         head_target = SSHTarget.parse(
@@ -387,7 +400,9 @@ def connect(
         transport.discard()
         raise
     transport.agent_pid = int(link.welcome["pid"])
-    kind = f"via {head_target.describe()}" if isinstance(head_target, ViaTarget) else f"ssh {head_target.describe()}"
+    if not kind:
+        how = "via" if isinstance(head_target, ViaTarget) else "ssh"
+        kind = f"{how} {head_target.describe()}"
     cluster = Cluster(link, kind=kind)
     cluster.on_interrupt = on_interrupt
     cluster.head = state["info"]

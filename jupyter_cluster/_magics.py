@@ -194,7 +194,9 @@ def _cluster_parser() -> argparse.ArgumentParser:
     local.add_argument("--gpus", type=float)
     local.add_argument("--object-store", type=str, help="e.g. 2GiB")
     connect = commands.add_parser("connect", help="attach to a Ray head over SSH")
-    connect.add_argument("target", nargs="?", help="[user@]host[:port]")
+    connect.add_argument(
+        "target", nargs="?", help="[user@]host[:port], or k8s:[CONTEXT/]NAMESPACE/RAYCLUSTER (KubeRay, over kubectl)"
+    )
     connect.add_argument("--config", help="a cluster YAML: attach to the running cluster Ray's launcher started")
     connect.add_argument(
         "--via",

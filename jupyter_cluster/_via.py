@@ -21,7 +21,7 @@ import os
 import posixpath
 import shlex
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -89,8 +89,18 @@ class ViaTarget:
 
     argv: list[str]
     python: str = "python3"
-    #: What the head is called in messages (the command, shortened).
-    name: str = field(default="")
+    #: What to add to an error of the command whose stderr holds the key (``k8s:``: a refused ``pods/exec``).
+    explain: dict[str, str] = field(default_factory=dict)
+    #: Asked when the command fails on a reconnect: why the head it reached is gone for good (``k8s:``: its pod
+    #: was replaced), or None.
+    replaced: Callable[[], Awaitable[str | None]] | None = None
+
+    def failed(self, status: int | None, stderr: str) -> str:
+        """The command's failure in words: its exit status, its last stderr lines, and what they call for."""
+        err = last_lines(stderr)
+        said = f"--via `{self.describe()}` failed (exit status {status})" + (f":\n{err}" if err else ", saying nothing")
+        hints = [hint for key, hint in self.explain.items() if key in stderr]
+        return "\n".join([said, *hints])
 
     @classmethod
     def parse(cls, command: str | Sequence[str], python: str | None = None) -> ViaTarget:
@@ -108,7 +118,8 @@ class ViaTarget:
         return shlex.join(self.argv)
 
 
-def _last_lines(text: str, count: int = STDERR_LINES) -> str:
+def last_lines(text: str, count: int = STDERR_LINES) -> str:
+    """The last ``count`` lines of ``text`` that say something."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return "\n".join(lines[-count:])
 
@@ -170,16 +181,12 @@ class CommandHead(RemoteHead):
             f"echo jupyter-cluster-shell; command -v {self.python} >/dev/null && echo jupyter-cluster-found", timeout=60
         )
         if "jupyter-cluster-found" not in str(probe.stdout):
-            err = _last_lines(str(probe.stderr))
             if "jupyter-cluster-shell" in str(probe.stdout):  # the head's shell ran the probe: no such Python there
                 raise HeadError(
                     f"there is no Python at {self.via.python!r} on the head: pass --python with the path of one "
                     "that has Ray."
                 )
-            raise ClusterConnectionError(
-                f"--via `{self.via.describe()}` failed (exit status {probe.exit_status})"
-                + (f":\n{err}" if err else ", saying nothing")
-            )
+            raise ClusterConnectionError(self.via.failed(probe.exit_status, str(probe.stderr)))
         return await super().boot(request)
 
     async def ship_agent(self, lib: str, version: str) -> None:
@@ -197,7 +204,7 @@ class CommandHead(RemoteHead):
         if done.exit_status != 0:
             raise ClusterConnectionError(
                 f"--via `{self.via.describe()}`: could not copy the agent's modules to {lib} on the head:\n"
-                + _last_lines(done.stderr)
+                + last_lines(done.stderr)
             )
 
 
@@ -257,12 +264,14 @@ class CommandTransport:
         if said == "?":  # the command ended before the relay ran: its own error is on stderr
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(proc.wait(), 5)
-            err = _last_lines((await proc.stderr.read()).decode(errors="replace"))
+            err = (await proc.stderr.read()).decode(errors="replace")
             _kill(proc)
-            raise ClusterConnectionError(
-                f"--via `{self.target.describe()}` ended at once (exit status {proc.returncode})"
-                + (f":\n{err}" if err else ", saying nothing")
-            )
+            if self.target.replaced is not None and self.agent_pid is not None:
+                gone = await self.target.replaced()
+                if gone:
+                    self._gone = gone
+                    raise ClusterConnectionError(gone)
+            raise ClusterConnectionError(self.target.failed(proc.returncode, err))
         _kill(proc)
         if await self._agent_exited():
             how = how_it_ended(None, await self._crash_text())

@@ -1,0 +1,408 @@
+"""A stand-in Kubernetes API server for the real ``kubectl``: what ``%cluster connect k8s:...`` asks of one.
+
+No Kubernetes runs here, so this speaks the API server's own protocol, over plain HTTP on loopback, to the
+``kubectl`` on this machine: legacy discovery (``/version``, ``/api``, ``/apis``, the resource lists), pods
+listed and got (label selectors), events (field selectors), secrets, KubeRay's ``rayclusters``, and
+``pods/exec`` over the WebSocket protocols ``kubectl`` speaks (``v5.channel.k8s.io``, and ``v4`` it falls back
+to): a binary frame per message, its first byte the channel (0 stdin, 1 stdout, 2 stderr, 3 the exit status as a
+``Status``, 255 a closed stream, v5 only). A pod's exec runs the command where the test says its container is
+(a network-namespace host: ``ip netns exec NS``), so ``kubectl exec`` reaches a real Ray head. Faults are the
+test's to make: a pod pending with events, ``pods/exec`` forbidden, the server stopped and started again (every
+exec stream cut), a pod replaced under a new name and address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tornado.httpserver
+import tornado.web
+import tornado.websocket
+
+VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0", "platform": "linux/amd64"}
+#: The channels of the exec protocol.
+STDIN, STDOUT, STDERR, ERROR, CLOSE = 0, 1, 2, 3, 255
+
+
+@dataclass
+class Pod:
+    """A pod: its manifest's parts the product reads, and where its containers' commands run."""
+
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    containers: list[str]
+    phase: str = "Running"
+    ip: str = "10.213.0.2"
+    #: What an exec's command is run under here (``["ip", "netns", "exec", "jc-head"]``): the pod's "container".
+    runs_in: list[str] = field(default_factory=list)
+    #: Which images its containers run (``ray.io`` labels aside, the product only names them).
+    image: str = "rayproject/ray:2.60.0"
+
+    def manifest(self) -> dict[str, Any]:
+        ready = self.phase == "Running"
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels, "uid": self.name},
+            "spec": {"containers": [{"name": c, "image": self.image} for c in self.containers]},
+            "status": {
+                "phase": self.phase,
+                "podIP": self.ip if ready else "",
+                "containerStatuses": [{"name": c, "ready": ready} for c in self.containers],
+            },
+        }
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}  # fmt: skip
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    """Equality-based label selectors (``a=b,c!=d,e``): what the product and ``kubectl -l`` send."""
+    for term in filter(None, selector.split(",")):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key.rstrip("=")) != value.lstrip("="):
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+class KubeState:
+    """What the stand-in serves: pods, events, secrets, RayClusters, and who may exec."""
+
+    def __init__(self) -> None:
+        self.pods: dict[tuple[str, str], Pod] = {}
+        self.rayclusters: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, str]] = {}
+        #: ``pods/exec`` refused (403) for these namespaces.
+        self.exec_forbidden: set[str] = set()
+        self.user = "alice"
+        #: Every request, as ``METHOD path`` (for the tests to check what kubectl asked).
+        self.requests: list[str] = []
+        #: The exec protocol of each exec, and the containers named.
+        self.protocols: list[str] = []
+        self.containers: set[str] = set()
+        self.execs: list[ExecHandler] = []
+
+
+class _Base(tornado.web.RequestHandler):
+    state: KubeState
+
+    def initialize(self, state: KubeState) -> None:
+        self.state = state
+
+    def prepare(self) -> None:
+        self.state.requests.append(f"{self.request.method} {self.request.path}")
+
+    def answer(self, body: dict[str, Any], code: int = 200) -> None:
+        self.set_status(code)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))
+
+
+class Discovery(_Base):
+    def get(self, path: str) -> None:
+        port = self.request.host.rsplit(":", 1)[-1]
+        if path == "version":
+            return self.answer(VERSION)
+        if path == "api":
+            cidr = [{"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{port}"}]
+            return self.answer({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": cidr})
+        if path == "apis":
+            version = {"groupVersion": "ray.io/v1", "version": "v1"}
+            group = {"name": "ray.io", "versions": [version], "preferredVersion": version}
+            return self.answer({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group]})
+        if path == "api/v1":
+
+            def resource(name: str, kind: str, verbs: list[str], singular: str = "") -> dict[str, Any]:
+                return {"name": name, "singularName": singular, "namespaced": True, "kind": kind, "verbs": verbs}
+
+            resources = [
+                resource("pods", "Pod", ["get", "list"], "pod"),
+                resource("pods/exec", "PodExecOptions", ["create", "get"]),
+                resource("events", "Event", ["get", "list"], "event"),
+                resource("secrets", "Secret", ["get", "list"], "secret"),
+            ]
+            return self.answer({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources})
+        if path == "apis/ray.io/v1":
+            raycluster = {"name": "rayclusters", "singularName": "raycluster", "namespaced": True,
+                          "kind": "RayCluster", "verbs": ["get", "list"]}  # fmt: skip
+            return self.answer(
+                {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "ray.io/v1", "resources": [raycluster]}
+            )
+        self.answer(_status(404, "NotFound", "the server could not find the requested resource"), 404)
+
+
+class Pods(_Base):
+    def get(self, namespace: str, name: str | None = None) -> None:
+        if name:
+            pod = self.state.pods.get((namespace, name))
+            if pod is None:
+                return self.answer(_status(404, "NotFound", f'pods "{name}" not found'), 404)
+            return self.answer(pod.manifest())
+        selector = self.get_argument("labelSelector", "")
+        items = [
+            p.manifest()
+            for (ns, _), p in sorted(self.state.pods.items())
+            if ns == namespace and _matches(p.labels, selector)
+        ]
+        self.answer({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items})
+
+
+class Events(_Base):
+    def get(self, namespace: str) -> None:
+        wanted = self.get_argument("fieldSelector", "")
+        name = wanted.split("involvedObject.name=", 1)[1].split(",")[0] if "involvedObject.name=" in wanted else None
+        items = [
+            {"apiVersion": "v1", "metadata": {"name": f"{key}.{i}", "namespace": namespace}, **e}
+            for key, events in self.state.events.items()
+            if name in (None, key)
+            for i, e in enumerate(events)
+        ]
+        self.answer({"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items})
+
+
+class Secrets(_Base):
+    def get(self, namespace: str, name: str) -> None:
+        import base64
+
+        data = self.state.secrets.get((namespace, name))
+        if data is None:
+            return self.answer(_status(404, "NotFound", f'secrets "{name}" not found'), 404)
+        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+        self.answer({"kind": "Secret", "apiVersion": "v1", "metadata": {"name": name, "namespace": namespace},
+                     "data": encoded, "type": "Opaque"})  # fmt: skip
+
+
+class RayClusters(_Base):
+    def get(self, namespace: str, name: str) -> None:
+        found = self.state.rayclusters.get((namespace, name))
+        if found is None:
+            message = f'rayclusters.ray.io "{name}" not found'
+            return self.answer(_status(404, "NotFound", message), 404)
+        self.answer(found)
+
+
+class ExecHandler(tornado.websocket.WebSocketHandler):
+    """``pods/exec``: the command, run where the pod's container is, its streams as the exec protocol's channels."""
+
+    state: KubeState
+
+    def initialize(self, state: KubeState) -> None:
+        self.state = state
+        self.proc: asyncio.subprocess.Process | None = None
+        self.protocol = ""
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    async def post(self, namespace: str, name: str) -> None:
+        """SPDY, which kubectl falls back to where the WebSocket upgrade failed: refused as the upgrade was (a
+        real API server authorizes before either), and not spoken here otherwise."""
+        self.state.requests.append(f"EXEC-SPDY {namespace}/{name}")
+        if not self._refused(namespace, name):
+            self._refuse(400, "BadRequest", "this stand-in API server speaks pods/exec over WebSocket only")
+
+    async def get(self, namespace: str, name: str) -> None:
+        self.state.requests.append(f"EXEC {namespace}/{name}")
+        if not self._refused(namespace, name):
+            await super().get(namespace, name)
+
+    def _refused(self, namespace: str, name: str) -> bool:
+        """Refuse an exec that RBAC forbids, or of a pod that is not there (as the API server does, before any
+        upgrade); whether it did."""
+        pod = self.state.pods.get((namespace, name))
+        if namespace in self.state.exec_forbidden:
+            message = (
+                f'pods "{name}" is forbidden: User "{self.state.user}" cannot create resource "pods/exec" in API group'
+                f' "" in the namespace "{namespace}"'
+            )
+            self._refuse(403, "Forbidden", message)
+            return True
+        if pod is None:
+            self._refuse(404, "NotFound", f'pods "{name}" not found')
+            return True
+        return False
+
+    def _refuse(self, code: int, reason: str, message: str) -> None:
+        self.set_status(code)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(_status(code, reason, message)))
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        for wanted in ("v5.channel.k8s.io", "v4.channel.k8s.io"):
+            if wanted in subprotocols:
+                self.protocol = wanted
+                return wanted
+        return None
+
+    async def open(self, namespace: str, name: str) -> None:
+        pod = self.state.pods[(namespace, name)]
+        command = self.get_arguments("command")
+        self.state.execs.append(self)
+        self.state.protocols.append(self.protocol)
+        self.state.containers.add(self.get_argument("container", ""))
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *pod.runs_in, *command,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            self._end({"status": "Failure", "message": str(exc), "reason": "InternalError"})
+            return
+        self._tasks.add(asyncio.ensure_future(self._pump()))
+
+    async def _pump(self) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+
+        async def carry(stream: asyncio.StreamReader, channel: int) -> None:
+            while data := await stream.read(1 << 16):
+                await self.write_message(bytes([channel]) + data, binary=True)
+
+        try:
+            await asyncio.gather(carry(proc.stdout, STDOUT), carry(proc.stderr, STDERR))
+            code = await proc.wait()
+        except (tornado.websocket.WebSocketClosedError, tornado.iostream.StreamClosedError):
+            self._kill()
+            return
+        if code == 0:
+            self._end({"status": "Success"})
+        else:
+            cause = {"reason": "ExitCode", "message": str(code)}
+            self._end({"status": "Failure", "reason": "NonZeroExitCode", "details": {"causes": [cause]},
+                       "message": f"command terminated with non-zero exit code: exit status {code}"})  # fmt: skip
+
+    def _end(self, status: dict[str, Any]) -> None:
+        self._tasks.add(asyncio.ensure_future(self._send_end(status)))
+
+    async def _send_end(self, status: dict[str, Any]) -> None:
+        body = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, **status}).encode()
+        try:
+            await self.write_message(bytes([ERROR]) + body, binary=True)
+            self.close(1000)
+        except tornado.websocket.WebSocketClosedError:
+            pass
+
+    def on_message(self, message: str | bytes) -> None:
+        if not isinstance(message, bytes) or not message or self.proc is None or self.proc.stdin is None:
+            return
+        channel, data = message[0], message[1:]
+        if channel == STDIN and data:
+            self.proc.stdin.write(data)
+        elif channel == CLOSE and data[:1] == bytes([STDIN]):
+            self.proc.stdin.close()
+
+    def on_close(self) -> None:
+        self._kill()
+        if self in self.state.execs:
+            self.state.execs.remove(self)
+
+    def _kill(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+class StandInAPIServer:
+    """The stand-in, on its own loop thread; ``stop()`` and ``start()`` again on the same port (an API server
+    restarted: every exec stream cut)."""
+
+    def __init__(self, directory: Path, port: int = 0) -> None:
+        self.state = KubeState()
+        self.directory = directory
+        self.port = port
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server: tornado.httpserver.HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def app(self) -> tornado.web.Application:
+        kw = {"state": self.state}
+        ns = r"/api/v1/namespaces/([^/]+)"
+        return tornado.web.Application(
+            [
+                (r"/(version|api|apis|api/v1|apis/ray\.io/v1)", Discovery, kw),
+                (ns + r"/pods", Pods, kw),
+                (ns + r"/pods/([^/]+)", Pods, kw),
+                (ns + r"/pods/([^/]+)/exec", ExecHandler, kw),
+                (ns + r"/events", Events, kw),
+                (ns + r"/secrets/([^/]+)", Secrets, kw),
+                (r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters/([^/]+)", RayClusters, kw),
+            ]
+        )
+
+    def start(self) -> StandInAPIServer:
+        ready = threading.Event()
+
+        def run() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            server = tornado.httpserver.HTTPServer(self.app())
+            sockets = tornado.netutil.bind_sockets(self.port, "127.0.0.1")
+            self.port = sockets[0].getsockname()[1]
+            server.add_sockets(sockets)
+            self._server = server
+            ready.set()
+            self.loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="kube-stand-in", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        """Stop listening and cut every exec stream (their commands killed), as a restarted API server does."""
+        loop = self.loop
+        if loop is None:
+            return
+
+        async def shut() -> None:
+            for handler in list(self.state.execs):
+                handler._kill()
+                handler.close()
+            if self._server is not None:
+                self._server.stop()
+                await self._server.close_all_connections()
+
+        asyncio.run_coroutine_threadsafe(shut(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self.loop = None
+
+    def kubeconfig(self, context: str = "stand-in", namespace: str = "ray") -> Path:
+        """A kubeconfig for this server (plain HTTP, a bearer token), its context ``context``."""
+        path = self.directory / "kubeconfig"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "stand-in", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
+            "contexts": [
+                {"name": context, "context": {"cluster": "stand-in", "user": "alice", "namespace": namespace}}
+            ],
+            "current-context": context,
+            "users": [{"name": "alice", "user": {"token": "alice-token"}}],
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+
+__all__ = ["KubeState", "Pod", "StandInAPIServer"]

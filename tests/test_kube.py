@@ -1,0 +1,196 @@
+"""``%cluster connect k8s:NAMESPACE/RAYCLUSTER`` with the real ``kubectl``, against a stand-in API server.
+
+No Kubernetes runs here: :mod:`tests.kube` speaks the API server's protocol to the ``kubectl`` on this machine
+(discovery, pods by KubeRay's labels, events, ``pods/exec`` over WebSocket). The RayCluster's head "pod" is a
+network-namespace host (10.213.0.2) where Ray runs; the stand-in's exec runs each command there
+(``ip netns exec``). Checked: cells of every kind through ``kubectl exec``, the dashboard forwarded, the exec
+stream cut by an API server restart mid-cell and resumed with nothing lost or repeated, and each way the attach
+can fail said as such (no RayCluster, a head pod pending with its events, ``pods/exec`` forbidden with the rule
+to ask for, the head pod replaced, no ``kubectl``).
+"""
+
+# Test parameters named after the imported fixtures redefine them, as pytest intends.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jupyter_cluster as jc
+from jupyter_cluster._kube import KubeError
+
+from .kube import Pod, StandInAPIServer
+from .sshd import free_port, ssh_hosts  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.timeout(600)
+
+NAMESPACE, CLUSTER = "ray", "raycluster-kuberay"
+HEAD_POD = "raycluster-kuberay-head-x7k2p"
+LINES = 12
+SOURCE = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = {LINES}"
+
+
+def _head_pod(netns: str, name: str = HEAD_POD, phase: str = "Running") -> Pod:
+    labels = {"ray.io/cluster": CLUSTER, "ray.io/node-type": "head", "ray.io/is-ray-node": "yes"}
+    return Pod(name, NAMESPACE, labels, ["ray-head", "autoscaler"], phase=phase, runs_in=["ip", "netns", "exec", netns])
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInAPIServer]:
+    server = StandInAPIServer(tmp_path_factory.mktemp("kube")).start()
+    saved = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(server.kubeconfig())
+    try:
+        yield server
+    finally:
+        server.stop()
+        if saved is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved
+
+
+@pytest.fixture(scope="module")
+def ray_head(ssh_hosts: Any) -> Iterator[str]:
+    """Ray on the namespace host ``head``, as KubeRay's head container runs it (started here through
+    ``ip netns exec``, itself a command that runs a program on the head); yields its address."""
+    previous = jc.current()
+    starter = jc.connect(via=f"ip netns exec {ssh_hosts.head.netns}", python=sys.executable, start_head=True,
+                         port=free_port())  # fmt: skip
+    assert starter.started is not None
+    try:
+        yield starter.started.address
+    finally:
+        starter.down(force=True)
+        if previous is not None and previous.alive:
+            jc._cluster.attach(previous)
+
+
+@pytest.fixture
+def raycluster(kube: StandInAPIServer, ssh_hosts: Any) -> Iterator[StandInAPIServer]:
+    """The RayCluster and its running head pod; the stand-in as the test left it is reset after."""
+    state = kube.state
+    state.rayclusters[(NAMESPACE, CLUSTER)] = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+                                              "metadata": {"name": CLUSTER, "namespace": NAMESPACE}}  # fmt: skip
+    state.pods[(NAMESPACE, HEAD_POD)] = _head_pod(ssh_hosts.head.netns)
+    try:
+        yield kube
+    finally:
+        state.pods.clear()
+        state.rayclusters.clear()
+        state.events.clear()
+        state.exec_forbidden.clear()
+
+
+def _attach(address: str, **kw: Any) -> jc.Cluster:
+    return jc.connect(f"k8s:{NAMESPACE}/{CLUSTER}", address=address, python=sys.executable, **kw)
+
+
+def test_cells_of_every_kind_through_kubectl_exec(raycluster: StandInAPIServer, ray_head: str) -> None:
+    cluster = _attach(ray_head)
+    try:
+        assert cluster.kind == f"k8s:{NAMESPACE}/{CLUSTER} (pod {HEAD_POD})", cluster.kind
+        source = (
+            "import socket\nudp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nudp.connect(('10.213.0.1', 9))\n"
+        )
+        task = cluster.run_cell(source + "node = udp.getsockname()[0]", out=["node"]).result(120)
+        assert task.outputs == {"node": "10.213.0.2"}, task.outputs  # in the head pod
+        assert cluster.run_cell("k = 1\nk", mode="actor", actor="kube").result(120).value == 1
+        assert cluster.run_cell("ray.get(ray.put(7))", mode="driver").result(120).value == 7
+        mapped = cluster.run_cell("y = i + 1", mode="map", map_over=("i", range(10))).result(120)
+        assert mapped.outputs["y"] == list(range(1, 11))
+        # Everything went through the real kubectl's exec (WebSocket), into the head pod's first container.
+        execs = [r for r in raycluster.state.requests if r.startswith("EXEC ")]
+        assert execs and set(execs) == {f"EXEC {NAMESPACE}/{HEAD_POD}"}, execs
+        assert raycluster.state.protocols and set(raycluster.state.protocols) <= {"v5.channel.k8s.io"}
+        assert raycluster.state.containers == {"ray-head"}
+        assert f"k8s:{NAMESPACE}/{CLUSTER}" in str(cluster.status())
+    finally:
+        cluster.down(force=True)
+
+
+def test_an_api_server_restart_mid_cell_loses_nothing(raycluster: StandInAPIServer, ray_head: str) -> None:
+    """Every exec stream is cut with the API server; the link runs ``kubectl exec`` again once it is back."""
+    cluster = _attach(ray_head)
+    try:
+        cell = cluster.run_cell(SOURCE)
+        time.sleep(2)
+        raycluster.stop()
+        time.sleep(5)
+        assert not cell.done()
+        raycluster.start()
+        result = cell.result(120)
+        assert result.outputs["n"] == LINES
+        assert cell.stdout.split() == [str(i) for i in range(LINES)], "a line was lost or repeated"
+        states = [data["state"] for event, data in cell._history if event == "link"]
+        assert states[:1] == ["lost"] and states[-1:] == ["reconnected"], states
+    finally:
+        if raycluster.loop is None:
+            raycluster.start()
+        cluster.down(force=True)
+
+
+def test_a_replaced_head_pod_is_named_with_what_went_with_it(
+    raycluster: StandInAPIServer, ray_head: str, ssh_hosts: Any
+) -> None:
+    cluster = _attach(ray_head, reconnect_for=60)
+    try:
+        assert cluster.run_cell("1", mode="driver").result(120).value == 1
+        state = raycluster.state
+        del state.pods[(NAMESPACE, HEAD_POD)]
+        state.pods[(NAMESPACE, "raycluster-kuberay-head-q9w4z")] = _head_pod(
+            ssh_hosts.head.netns, "raycluster-kuberay-head-q9w4z"
+        )
+        raycluster.stop()  # the old pod's exec streams end with it
+        raycluster.start()
+        cell = cluster.run_cell("2", mode="driver")
+        with pytest.raises(Exception, match=f"head pod {HEAD_POD} .* was replaced by raycluster-kuberay-head-q9w4z"):
+            cell.result(120)
+        assert "connect k8s:ray/raycluster-kuberay" in str(cluster.link.get("lost") or cell.error)
+    finally:
+        cluster.down(force=True)
+
+
+def test_no_such_raycluster(kube: StandInAPIServer) -> None:
+    with pytest.raises(KubeError, match=r"no RayCluster 'nope' in namespace 'ray' \(`kubectl get rayclusters -n ray`"):
+        jc.connect("k8s:ray/nope")
+
+
+def test_a_head_pod_still_pending_is_said_with_its_events(raycluster: StandInAPIServer, ssh_hosts: Any) -> None:
+    state = raycluster.state
+    state.pods[(NAMESPACE, HEAD_POD)] = _head_pod(ssh_hosts.head.netns, phase="Pending")
+    message = "0/3 nodes are available: 3 Insufficient cpu."
+    state.events[HEAD_POD] = [{"kind": "Event", "reason": "FailedScheduling", "message": message,
+                               "involvedObject": {"kind": "Pod", "name": HEAD_POD}}]  # fmt: skip
+    with pytest.raises(KubeError) as refused:
+        jc.connect(f"k8s:{NAMESPACE}/{CLUSTER}")
+    said = str(refused.value)
+    assert f"the head pod {HEAD_POD} of RayCluster '{CLUSTER}' is not running yet (Pending)" in said, said
+    assert f"FailedScheduling: {message}" in said, said
+
+
+def test_exec_forbidden_names_the_permission_to_ask_for(raycluster: StandInAPIServer) -> None:
+    raycluster.state.exec_forbidden.add(NAMESPACE)
+    with pytest.raises(jc.ClusterConnectionError) as refused:
+        jc.connect(f"k8s:{NAMESPACE}/{CLUSTER}", python=sys.executable)
+    said = str(refused.value)
+    assert 'cannot create resource "pods/exec"' in said, said  # kubectl's own line
+    assert 'resources: ["pods/exec"], verbs: ["create", "get"]' in said and "Ray on Kubernetes" in said, said
+
+
+def test_no_kubectl_says_to_install_it(kube: StandInAPIServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(KubeError, match="k8s: needs `kubectl` on this machine's PATH"):
+        jc.connect(f"k8s:{NAMESPACE}/{CLUSTER}")
+
+
+def test_a_malformed_spec_says_what_to_give() -> None:
+    with pytest.raises(ValueError, match=r"give k8s:NAMESPACE/RAYCLUSTER"):
+        jc.connect("k8s:just-a-name")
