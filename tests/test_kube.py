@@ -15,6 +15,7 @@ to ask for, the head pod replaced, no ``kubectl``).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -44,6 +45,7 @@ def _head_pod(netns: str, name: str = HEAD_POD, phase: str = "Running") -> Pod:
 
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInAPIServer]:
+    assert shutil.which("kubectl"), "no kubectl on PATH: these tests drive the real one (Debian's kubectl package)"
     server = StandInAPIServer(tmp_path_factory.mktemp("kube")).start()
     saved = os.environ.get("KUBECONFIG")
     os.environ["KUBECONFIG"] = str(server.kubeconfig())
