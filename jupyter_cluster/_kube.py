@@ -139,7 +139,7 @@ def exec_target(spec: KubeSpec, pod: dict[str, Any], python: str | None) -> ViaT
     """``kubectl exec`` into the head pod's first container (KubeRay's ``ray-head``)."""
     container = pod["spec"]["containers"][0]["name"]
     argv = spec.kubectl("exec", "-i", pod["metadata"]["name"], "-c", container, "--")
-    return ViaTarget(argv, python or "python3", explain=forbidden_hint(spec))
+    return ViaTarget(argv, python or "python3", explain=forbidden_hint(spec), given=spec.describe())
 
 
 def forbidden_hint(spec: KubeSpec) -> dict[str, str]:

@@ -94,6 +94,8 @@ class ViaTarget:
     #: Asked when the command fails on a reconnect: why the head it reached is gone for good (``k8s:``: its pod
     #: was replaced), or None.
     replaced: Callable[[], Awaitable[str | None]] | None = None
+    #: What the user gave, where it was not the command itself (``k8s:ray/raycluster``), for the resume hint.
+    given: str = ""
 
     def failed(self, status: int | None, stderr: str) -> str:
         """The command's failure in words: its exit status, its last stderr lines, and what they call for."""
@@ -309,7 +311,8 @@ class CommandTransport:
         return f"via {self.target.describe()}"
 
     def resume_hint(self, session: str) -> str:
-        words = ["%cluster connect", "--via", shlex.quote(self.target.describe()), "--session", session]
+        given = self.target.given or f"--via {shlex.quote(self.target.describe())}"
+        words = ["%cluster connect", given, "--session", session]
         if self.target.python != "python3":
             words += ["--python", shlex.quote(self.target.python)]
         return " ".join(words)

@@ -114,6 +114,9 @@ def test_cells_of_every_kind_through_kubectl_exec(raycluster: StandInAPIServer, 
         assert raycluster.state.protocols and set(raycluster.state.protocols) <= {"v5.channel.k8s.io"}
         assert raycluster.state.containers == {"ray-head"}
         assert f"k8s:{NAMESPACE}/{CLUSTER}" in str(cluster.status())
+        hint = cluster._link.transport.resume_hint(cluster.session)
+        expected = f"%cluster connect k8s:{NAMESPACE}/{CLUSTER} --session {cluster.session} --python {sys.executable}"
+        assert hint == expected, hint
     finally:
         cluster.down(force=True)
 

@@ -86,8 +86,12 @@ def test_every_kind_of_cell_through_the_command(via_head: jc.Cluster) -> None:
         assert answer.status == 200
     cluster.run_cell("httpd.shutdown()\nhttpd.server_close()", mode="driver").result(60)
     assert cluster.close_forward(port)
-    # Its status says how the head is reached.
+    # Its status says how the head is reached, and a detached session is resumed through the same command.
     assert "via ssh" in str(cluster.status())
+    transport = cluster._link.transport
+    assert isinstance(transport, CommandTransport)
+    hint = transport.resume_hint(cluster.session)
+    assert hint.startswith(f"%cluster connect --via {shlex.quote(transport.target.describe())} --session "), hint
 
 
 def test_a_cut_stream_is_resumed_with_nothing_lost_or_repeated(via_head: jc.Cluster) -> None:

@@ -291,3 +291,23 @@ def test_the_cluster_log_keeps_the_latest_and_counts_all() -> None:
     tail = log.tail(2)
     assert [t for _, _, t in tail["lines"]] == ["3", "4"] and tail["total"] == 5 and tail["kept"] == 3
     assert log.tail(0)["lines"] == [] and len(log.tail(None)["lines"]) == 3
+
+
+def test_a_childs_whole_lines_never_land_inside_the_cells_partial_line() -> None:
+    """``print("spawn", pool.map(...))`` writes ``spawn``, then the rest; the children's lines, read from the
+    driver's descriptor a moment late, come between those writes (seen in a full run: ``spawn child squares 2``).
+    They go before the partial line, which stays whole; a later partial line of the cell's own is kept as written."""
+    from jupyter_cluster.agent._execute import CellOutput
+
+    sent: list[list[tuple[str, Any]]] = []
+    output = CellOutput(lambda index, batch: sent.append(batch), interval=60.0)
+    output.add("stdout", "before\n")
+    output.add("stdout", "spawn")
+    output.add_open("stdout", "child squares 2\n")  # a child's lines, from the descriptor
+    output.add_open("stdout", "child squares 3\n")
+    output.add("stdout", " [4, 9]\n")
+    output.add("stdout", "no")
+    output.add("stdout", "t split\n")
+    output.close()
+    text = "".join(data for batch in sent for kind, data in batch if kind == "stdout")
+    assert text.splitlines() == ["before", "child squares 2", "child squares 3", "spawn [4, 9]", "not split"], text

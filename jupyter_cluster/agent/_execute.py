@@ -270,10 +270,17 @@ class CellOutput:
         self._timer: threading.Timer | None = None
         self.sends = 0
 
-    def add(self, kind: str, data: Any) -> None:
+    def add(self, kind: str, data: Any, lines: bool = False) -> None:
+        """Take ``data`` of ``kind`` (``stdout``, ``stderr``: text; ``display``: a bundle). ``lines``: whole lines
+        of another writer (the driver's descriptors, where its child processes write), which go before a partial
+        line of the cell's own still waiting for its end: ``print("spawn", pool.map(...))`` writes ``spawn``, then
+        the rest, and the children's lines, read from their pipe a moment late, must not land in between."""
         with self._lock:
-            if kind != "display" and self._pending and self._pending[-1][0] == kind:
-                self._pending[-1] = (kind, self._pending[-1][1] + data)
+            last = self._pending[-1] if self._pending else None
+            if kind != "display" and last is not None and last[0] == kind:
+                text = last[1]
+                cut = text.rfind("\n") + 1 if lines else len(text)
+                self._pending[-1] = (kind, text[:cut] + data + text[cut:])
             else:
                 self._pending.append((kind, data))
             # A partial line waits for the rest of it (print writes text, then "\n").
@@ -309,11 +316,12 @@ class CellOutput:
             self.sends += 1
 
     def add_open(self, kind: str, data: Any) -> bool:
-        """:meth:`add`, unless the output is closed (its batches are counted): then False."""
+        """:meth:`add` of whole ``lines`` (another writer's), unless the output is closed (its batches are
+        counted): then False."""
         with self._lock:
             if self.closed:
                 return False
-        self.add(kind, data)
+        self.add(kind, data, lines=True)
         return True
 
     def close(self) -> None:
