@@ -113,9 +113,9 @@ async def find_head(spec: KubeSpec) -> dict[str, Any]:
             f"RayCluster {spec.name!r} has no head pod yet (KubeRay makes it: "
             f"`kubectl describe raycluster {spec.name} -n {spec.namespace}` says why not)"
         )
-    running = [p for p in pods if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get(
-        "deletionTimestamp"
-    )]  # fmt: skip
+    running = [
+        p for p in pods if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
     if running:
         return dict(running[0])
     pod = pods[0]

@@ -282,6 +282,24 @@ class RemoteHead:
             )
         return answer
 
+    async def agent_death(self, pid: int | None, socket_path: str, timeout: float = 15.0) -> str | None:
+        """Where the agent (process ``pid``, serving ``socket_path``) is known to be gone: what its
+        faulthandler left (see :mod:`._crash`; empty where nothing was). None where it may still run (unsure)."""
+        if pid is None:
+            return None
+        try:
+            done = await asyncio.wait_for(self.run(f"kill -0 {int(pid)}"), timeout)
+        except Exception:
+            return None
+        if not (done.exit_status == 1 and "No such process" in str(done.stderr)):
+            return None
+        path = posixpath.join(posixpath.dirname(socket_path), CRASH_FILE)
+        try:
+            done = await asyncio.wait_for(self.run(f"tail -c 65536 {shlex.quote(path)}"), timeout)
+        except Exception:
+            return ""
+        return str(done.stdout or "")
+
     async def probe(self) -> dict[str, Any]:
         """The head's Python, Ray, this package's version, and a running Ray's address."""
         return (await self.boot({"probe_only": True}))["info"]
@@ -394,8 +412,6 @@ class SSHTransport:
         #: The agent's process id on the head (from its welcome), to tell "gone" from "busy".
         self.agent_pid: int | None = None
         self._gone: str | None = None
-        #: What the agent's faulthandler left, once it is known to be gone.
-        self.crash = ""
         self._nodelay: asyncio.Future[None] | None = None
 
     async def connection(self) -> Any:
@@ -419,9 +435,9 @@ class SSHTransport:
         try:
             return await conn.open_unix_connection(self.socket_path)
         except asyncssh.ChannelOpenError as exc:
-            if await self._agent_exited(conn):
-                how = how_it_ended(None, await self._crash_text(conn))
-                self._gone = f"the agent on {self.target.host} died: {how} ({exc.reason})"
+            crash = await RemoteHead(self.target, conn).agent_death(self.agent_pid, self.socket_path)
+            if crash is not None:
+                self._gone = f"the agent on {self.target.host} died: {how_it_ended(None, crash)} ({exc.reason})"
                 raise ClusterConnectionError(self._gone) from None
             error = ClusterConnectionError(f"the agent's socket on {self.target.host} did not answer ({exc.reason})")
             error.carrier_ok = True  # type: ignore[attr-defined]  # SSH works: keep the connection
@@ -429,26 +445,6 @@ class SSHTransport:
         except asyncssh.Error as exc:  # the connection died under us: start afresh next time
             self.discard()
             raise ClusterConnectionError(f"the SSH connection to {self.target.host} failed ({exc.reason})") from None
-
-    async def _agent_exited(self, conn: Any) -> bool:
-        """Whether the agent's process is known to be gone (False when unsure)."""
-        if self.agent_pid is None:
-            return False
-        try:
-            done = await asyncio.wait_for(conn.run(f"kill -0 {int(self.agent_pid)}", check=False), 15)
-        except Exception:
-            return False
-        return done.exit_status == 1 and "No such process" in str(done.stderr)
-
-    async def _crash_text(self, conn: Any) -> str:
-        """What the agent's faulthandler left on the head (see :mod:`._crash`): empty where nothing was."""
-        path = posixpath.join(posixpath.dirname(self.socket_path), CRASH_FILE)
-        try:
-            done = await asyncio.wait_for(conn.run(f"tail -c 65536 {shlex.quote(path)}", check=False), 15)
-        except Exception:
-            return ""
-        self.crash = str(done.stdout or "")
-        return self.crash
 
     def lost_reason(self) -> str | None:
         return self._gone

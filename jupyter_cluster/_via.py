@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import io
 import os
-import posixpath
 import shlex
 import tarfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from ._crash import CRASH_FILE, how_it_ended
+from ._crash import how_it_ended
 from ._errors import ClusterConnectionError
 from ._ssh import _AGENT_DIR, HeadError, RemoteHead, agent_fingerprint
 
@@ -227,7 +226,6 @@ class CommandTransport:
         self.socket_path = socket_path
         #: The agent's process id on the head (from its welcome), to tell "gone" from "unreachable".
         self.agent_pid: int | None = None
-        self.crash = ""
         self._gone: str | None = None
         self._proc: asyncio.subprocess.Process | None = None
 
@@ -275,29 +273,11 @@ class CommandTransport:
                     raise ClusterConnectionError(gone)
             raise ClusterConnectionError(self.target.failed(proc.returncode, err))
         _kill(proc)
-        if await self._agent_exited():
-            how = how_it_ended(None, await self._crash_text())
-            self._gone = f"the agent on the head died: {how} ({said})"
+        crash = await self.head.agent_death(self.agent_pid, self.socket_path, timeout=30)
+        if crash is not None:
+            self._gone = f"the agent on the head died: {how_it_ended(None, crash)} ({said})"
             raise ClusterConnectionError(self._gone)
         raise ClusterConnectionError(f"the agent's socket on the head did not answer ({said})")
-
-    async def _agent_exited(self) -> bool:
-        if self.agent_pid is None:
-            return False
-        try:
-            done = await self.head.run(f"kill -0 {int(self.agent_pid)}", timeout=30)
-        except Exception:
-            return False
-        return bool(done.exit_status == 1 and "No such process" in str(done.stderr))
-
-    async def _crash_text(self) -> str:
-        path = posixpath.join(posixpath.dirname(self.socket_path), CRASH_FILE)
-        try:
-            done = await self.head.run(f"tail -c 65536 {shlex.quote(path)}", timeout=30)
-        except Exception:
-            return ""
-        self.crash = str(done.stdout or "")
-        return self.crash
 
     def lost_reason(self) -> str | None:
         return self._gone

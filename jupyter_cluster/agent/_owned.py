@@ -47,21 +47,24 @@ def _job_hex() -> str:
     return ray.get_runtime_context().get_job_id()
 
 
-def _named() -> set[tuple[str, str]]:
-    """The named actors, as ``(name, namespace)`` (any namespace: one name may be in several)."""
-    return {(str(a["name"]), str(a["namespace"])) for a in ray.util.list_named_actors(all_namespaces=True)}
+def _named() -> dict[str, list[str]]:
+    """The named actors' namespaces, by name (any namespace: one name may be in several)."""
+    named: dict[str, list[str]] = {}
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        named.setdefault(str(actor["name"]), []).append(str(actor["namespace"]))
+    return named
 
 
-def _namespace_of(name: str, named: set[tuple[str, str]], own: str) -> str:
+def _namespace_of(name: str, named: dict[str, list[str]], own: str) -> str:
     """The namespace of this job's actor named ``name``: the driver's own where one of that name is there (another
     notebook's may have the same name in its namespace), else the one it was given (``.options(namespace=...)``)."""
-    if (name, own) in named:
-        return own
-    return next((namespace for found, namespace in sorted(named) if found == name), "")
+    spaces = named.get(name, [])
+    return own if own in spaces else min(spaces, default="")
 
 
-def _serve_running(named: set[tuple[str, str]]) -> bool:
-    return SERVE_CONTROLLER in named
+def _serve_running(named: dict[str, list[str]]) -> bool:
+    name, namespace = SERVE_CONTROLLER
+    return namespace in named.get(name, [])
 
 
 #: The Serve applications this agent's cells deployed, by name (see :func:`watch_serve`).
