@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +12,36 @@ import pytest
 import jupyter_cluster as jc
 
 CPUS = 2
+
+
+def counting(lines: int) -> str:
+    """A cell that prints ``0`` to ``lines - 1``, a line every 0.5 s, then sets ``n``: what a lost or repeated
+    line of a link's outage shows in (:func:`check_exactly_once`)."""
+    return f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = {lines}"
+
+
+def check_exactly_once(cell: Any, lines: int) -> None:
+    """``cell`` (a :func:`counting` one) ended, each of its lines shown once, in order, after its link was lost and
+    then reconnected."""
+    result = cell.result(120)
+    assert result.outputs["n"] == lines
+    assert cell.stdout.split() == [str(i) for i in range(lines)], "a line was lost or repeated"
+    states = [data["state"] for event, data in cell._history if event == "link"]
+    assert states[:1] == ["lost"] and states[-1:] == ["reconnected"], states
+
+
+@contextlib.contextmanager
+def attached(connect: Callable[[], jc.Cluster]) -> Iterator[jc.Cluster]:
+    """The cluster ``connect`` attaches, for a test or a module's tests; then stopped (``down(force=True)``: the
+    test's own, whoever else is on it), and the cluster attached before is current again."""
+    previous = jc.current()
+    cluster = connect()
+    try:
+        yield cluster
+    finally:
+        cluster.down(force=True)
+        if previous is not None and previous.alive:
+            jc._cluster.attach(previous)
 
 
 @pytest.fixture(scope="session")

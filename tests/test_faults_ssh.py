@@ -22,6 +22,7 @@ import pytest
 
 import jupyter_cluster as jc
 
+from .conftest import attached
 from .sshd import SSHServer, free_port, sshd_server  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,14 +35,8 @@ def _connect(server: SSHServer, **options: Any) -> jc.Cluster:
 
 @pytest.fixture(scope="module")
 def head(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
-    previous = jc.current()
-    cluster = _connect(sshd_server, start_head=True, port=free_port())
-    try:
+    with attached(lambda: _connect(sshd_server, start_head=True, port=free_port())) as cluster:
         yield cluster
-    finally:
-        cluster.down(force=True)
-        if previous is not None and previous.alive:
-            jc._cluster.attach(previous)
 
 
 def test_a_module_of_the_notebook_travels_to_the_head(head: jc.Cluster, tmp_path: Path) -> None:

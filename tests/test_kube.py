@@ -27,6 +27,7 @@ import pytest
 import jupyter_cluster as jc
 from jupyter_cluster._kube import KubeError
 
+from .conftest import attached, check_exactly_once, counting
 from .kube import Pod, StandInAPIServer
 from .sshd import free_port, ssh_hosts  # noqa: F401 (fixture)
 
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.timeout(600)
 NAMESPACE, CLUSTER = "ray", "raycluster-kuberay"
 HEAD_POD = "raycluster-kuberay-head-x7k2p"
 LINES = 12
-SOURCE = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = {LINES}"
+SOURCE = counting(LINES)
 
 
 def _head_pod(netns: str, name: str = HEAD_POD, phase: str = "Running") -> Pod:
@@ -63,16 +64,10 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInAPIServer]
 def ray_head(ssh_hosts: Any) -> Iterator[str]:
     """Ray on the namespace host ``head``, as KubeRay's head container runs it (started here through
     ``ip netns exec``, itself a command that runs a program on the head); yields its address."""
-    previous = jc.current()
-    starter = jc.connect(via=f"ip netns exec {ssh_hosts.head.netns}", python=sys.executable, start_head=True,
-                         port=free_port())  # fmt: skip
-    assert starter.started is not None
-    try:
+    command = f"ip netns exec {ssh_hosts.head.netns}"
+    with attached(lambda: jc.connect(via=command, python=sys.executable, start_head=True, port=free_port())) as starter:
+        assert starter.started is not None
         yield starter.started.address
-    finally:
-        starter.down(force=True)
-        if previous is not None and previous.alive:
-            jc._cluster.attach(previous)
 
 
 @pytest.fixture
@@ -131,11 +126,7 @@ def test_an_api_server_restart_mid_cell_loses_nothing(raycluster: StandInAPIServ
         time.sleep(5)
         assert not cell.done()
         raycluster.start()
-        result = cell.result(120)
-        assert result.outputs["n"] == LINES
-        assert cell.stdout.split() == [str(i) for i in range(LINES)], "a line was lost or repeated"
-        states = [data["state"] for event, data in cell._history if event == "link"]
-        assert states[:1] == ["lost"] and states[-1:] == ["reconnected"], states
+        check_exactly_once(cell, LINES)
     finally:
         if raycluster.loop is None:
             raycluster.start()

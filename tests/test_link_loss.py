@@ -37,6 +37,7 @@ from jupyter_cluster._connect import StartedRay, _stop_started
 from jupyter_cluster._ssh import SSHTarget
 from jupyter_cluster.agent._protocol import Frame, read_frame, write_frame
 
+from .conftest import check_exactly_once, counting
 from .ray_start import start_head
 from .sshd import CuttableLink, SSHKeys, SSHServer, free_port, link_cutter, ssh_keys, sshd_server  # noqa: F401
 
@@ -45,7 +46,7 @@ pytestmark = pytest.mark.timeout(600)
 
 OUTAGE = 45.0
 LINES = 100  # a line every 0.5 s: the outage (from 3 s to 48 s) ends a few seconds before the cell
-SOURCE = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = {LINES}"
+SOURCE = counting(LINES)
 
 
 def _options(server: SSHServer, known_hosts: Path | None = None) -> dict[str, Any]:
@@ -94,14 +95,6 @@ def _link_events(cell: Any) -> list[dict[str, Any]]:
     return [data for event, data in cell._history if event == "link"]
 
 
-def _check_exactly_once(cell: Any) -> None:
-    result = cell.result(120)
-    assert result.outputs["n"] == LINES
-    assert cell.stdout.split() == [str(i) for i in range(LINES)], "a line was lost or repeated"
-    states = [e["state"] for e in _link_events(cell)]
-    assert states[:1] == ["lost"] and states[-1:] == ["reconnected"], states
-
-
 def _hold(seconds: float, cell: Any) -> None:
     time.sleep(seconds)
     assert not cell.done(), "the cell finished while its link was down"
@@ -120,7 +113,7 @@ def test_a_reset_link_reconnects_and_loses_nothing(
         assert cluster.link["state"] == "reconnecting" and cluster.link["attempts"] >= 3
         assert "reconnecting" in str(cluster.status())
         link_cutter.restore()
-        _check_exactly_once(cell)
+        check_exactly_once(cell, LINES)
         assert cluster.link["state"] == "connected"
     finally:
         cluster.down(force=True)
@@ -144,7 +137,7 @@ def test_a_reset_link_through_a_command_reconnects_and_loses_nothing(
         _hold(OUTAGE, cell)
         assert cluster.link["state"] == "reconnecting" and cluster.link["attempts"] >= 3
         link_cutter.restore()
-        _check_exactly_once(cell)
+        check_exactly_once(cell, LINES)
         assert cluster.link["state"] == "connected"
     finally:
         link_cutter.restore()
@@ -187,7 +180,7 @@ def test_a_cleanly_closed_link_reconnects(ssh_keys: SSHKeys, tmp_path: Path, hea
             reason = _link_events(cell)[0]["reason"]
             assert "Reset" not in reason, f"expected a clean close, got {reason}"
             server.start(port=server.port)
-            _check_exactly_once(cell)
+            check_exactly_once(cell, LINES)
         finally:
             cluster.down(force=True)
     finally:
@@ -213,7 +206,7 @@ def test_a_silent_link_is_noticed_and_reconnected(link_cutter: CuttableLink, ssh
         agent_log = Path.home() / ".jupyter_cluster" / "sessions" / cluster.session / "agent.log"
         assert "no word from the kernel" in agent_log.read_text(), "the agent did not notice the silent kernel"
         link_cutter.thaw()
-        _check_exactly_once(cell)
+        check_exactly_once(cell, LINES)
     finally:
         cluster.down(force=True)
 
@@ -243,7 +236,7 @@ def test_the_agent_channel_closing_while_ssh_stays_up(sshd_server: SSHServer, he
         _hold(OUTAGE, cell)
         assert cluster.link["state"] == "reconnecting"
         os.rename(away, socket_path)
-        _check_exactly_once(cell)
+        check_exactly_once(cell, LINES)
         assert cluster._link.transport.conn is ssh_conn, "SSH was reconnected, though it never dropped"  # type: ignore[attr-defined]
         loop.call_soon_threadsafe(thief.close)
     finally:

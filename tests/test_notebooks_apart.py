@@ -28,6 +28,7 @@ import pytest
 import jupyter_cluster as jc
 from jupyter_cluster._feed import MetricsFeed, other_jobs_said
 
+from .conftest import attached
 from .kernel import Kernel, error_text, text
 from .panel import Panel, ok, run, value
 from .sshd import SSHServer, free_port, sshd_server  # noqa: F401 (fixtures)
@@ -80,20 +81,16 @@ def _until(check: Callable[[], Any], what: str, seen: Callable[[], Any] | None =
 
 @pytest.fixture(scope="module")
 def notebook_a(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
-    previous = jc.current()
-    cluster = jc.connect(
-        _target(sshd_server),
-        identity=str(sshd_server.identity),
-        known_hosts=str(sshd_server.known_hosts),
-        start_head=True,
-        port=free_port(),
-    )
-    try:
+    with attached(
+        lambda: jc.connect(
+            _target(sshd_server),
+            identity=str(sshd_server.identity),
+            known_hosts=str(sshd_server.known_hosts),
+            start_head=True,
+            port=free_port(),
+        )
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.down(force=True)
-        if previous is not None and previous.alive:
-            jc._cluster.attach(previous)
 
 
 def test_three_notebooks_on_one_head_each_see_and_stop_only_their_own_work(

@@ -26,7 +26,7 @@ import jupyter_cluster as jc
 from jupyter_cluster._cluster import python_mismatch
 from jupyter_cluster._connect import ray_note
 
-from .conftest import run
+from .conftest import attached, run
 from .sshd import SSHServer, free_port, sshd_server  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(600)
@@ -77,21 +77,17 @@ def _head_python() -> str:
 @pytest.fixture(scope="module")
 def other_head(sshd_server: SSHServer) -> Iterator[jc.Cluster]:
     """Attached over SSH to a head running another Python, Ray started there by --start-head."""
-    previous = jc.current()
-    cluster = jc.connect(
-        f"{sshd_server.user}@{sshd_server.host}:{sshd_server.port}",
-        python=_head_python(),
-        start_head=True,
-        port=free_port(),
-        identity=str(sshd_server.identity),
-        known_hosts=str(sshd_server.known_hosts),
-    )
-    try:
+    with attached(
+        lambda: jc.connect(
+            f"{sshd_server.user}@{sshd_server.host}:{sshd_server.port}",
+            python=_head_python(),
+            start_head=True,
+            port=free_port(),
+            identity=str(sshd_server.identity),
+            known_hosts=str(sshd_server.known_hosts),
+        )
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.down(force=True)
-        if previous is not None and previous.alive:
-            jc._cluster.attach(previous)
 
 
 def test_the_messages_say_what_works_and_how_to_fix() -> None:

@@ -27,7 +27,7 @@ from jupyter_cluster import ClusterConnectionError
 from jupyter_cluster._ssh import HeadError
 from jupyter_cluster._via import CommandTransport
 
-from .conftest import run
+from .conftest import attached, check_exactly_once, counting, run
 from .sshd import SSHServer, free_port, ssh_hosts, sshd_server  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(600)
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(600)
 #: The namespace host the command reaches (tests/sshd.py's ``ssh_hosts``).
 HEAD = "10.213.0.2"
 LINES = 12
-SOURCE = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.5)\nn = {LINES}"
+SOURCE = counting(LINES)
 
 
 def ssh_command(endpoint: Any) -> str:
@@ -46,14 +46,9 @@ def ssh_command(endpoint: Any) -> str:
 @pytest.fixture(scope="module")
 def via_head(ssh_hosts: Any) -> Iterator[jc.Cluster]:
     """The namespace host ``head`` (10.213.0.2), reached by OpenSSH's client, with Ray started there."""
-    previous = jc.current()
-    cluster = jc.connect(via=ssh_command(ssh_hosts.head), python=sys.executable, start_head=True, port=free_port())
-    try:
+    command = ssh_command(ssh_hosts.head)
+    with attached(lambda: jc.connect(via=command, python=sys.executable, start_head=True, port=free_port())) as cluster:
         yield cluster
-    finally:
-        cluster.down(force=True)
-        if previous is not None and previous.alive:
-            jc._cluster.attach(previous)
 
 
 def test_every_kind_of_cell_through_the_command(via_head: jc.Cluster) -> None:
@@ -105,11 +100,7 @@ def test_a_cut_stream_is_resumed_with_nothing_lost_or_repeated(via_head: jc.Clus
     first = transport._proc
     assert first is not None and first.returncode is None
     transport.discard()  # the command killed, and the relay on the head with its stream
-    result = cell.result(120)
-    assert result.outputs["n"] == LINES
-    assert cell.stdout.split() == [str(i) for i in range(LINES)], "a line was lost or repeated"
-    states = [data["state"] for event, data in cell._history if event == "link"]
-    assert states[:1] == ["lost"] and states[-1:] == ["reconnected"], states
+    check_exactly_once(cell, LINES)
     assert transport._proc is not None and transport._proc is not first
     assert cluster.run_cell("1 + 1", mode="driver").result(60).value == 2
 
