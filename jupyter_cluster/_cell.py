@@ -36,6 +36,7 @@ from ._errors import (
 from ._handles import HandleOwner, ObjectHandle
 from ._inputs import InputLedger, ShippedInputs
 from ._modules import LazyModule
+from ._prompts import answer_questions, wait
 from .agent._execute import CellOutcome, CellSpec, MapChunk, MapOutput, OutputInfo
 
 if TYPE_CHECKING:
@@ -167,8 +168,9 @@ class RemoteCell:
 
     # ------------------------------------------------------------ future API
     def result(self, timeout: float | None = None) -> CellResult:
-        """Wait for the cell; return its :class:`CellResult` or raise its error."""
-        return self._future.result(timeout)
+        """Wait for the cell; return its :class:`CellResult` or raise its error. A login's questions while the link
+        reconnects meanwhile are asked here (:mod:`._prompts`)."""
+        return wait(self._future, timeout)
 
     def done(self) -> bool:
         return self._future.done()
@@ -230,6 +232,7 @@ class RemoteCell:
             try:
                 event = self._events.get(timeout=poll)
             except queue.Empty:
+                answer_questions()  # a login's, while the link reconnects (:mod:`._prompts`)
                 if self._future.done() and self._events.empty():
                     return
                 if until is not None and until():

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _prompts as prompts
 from ._cluster import Cluster, _detached, attach, with_session_env
 from ._errors import ClusterConnectionError
 from ._forward import open_forward
@@ -57,7 +58,8 @@ class StartedRay:
 
 
 def _run(coro: Any, timeout: float | None = None) -> Any:
-    return _LoopThread.get().run(coro).result(timeout)
+    """Run ``coro`` on the link's loop; the questions a login asks meanwhile are asked here (:mod:`._prompts`)."""
+    return prompts.wait(_LoopThread.get().run(coro), timeout)
 
 
 def _token_env(token: str) -> dict[str, str]:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from . import _prompts as prompts
 from ._errors import AgentLostError, ClusterConnectionError, LinkLostError, RequestError, WaitTimeoutError
 from .agent._protocol import (
     PROTOCOL_VERSION,
@@ -245,7 +246,7 @@ class AgentLink:
     # ------------------------------------------------------------ connecting
     def connect(self, timeout: float = 60.0) -> dict[str, Any]:
         """Open the session (from the notebook's thread); return the agent's welcome."""
-        return self._thread.run(self._connect()).result(timeout)
+        return prompts.wait(self._thread.run(self._connect()), timeout)
 
     async def _connect(self) -> dict[str, Any]:
         reader, writer = await self.transport.open()
@@ -537,7 +538,7 @@ class AgentLink:
         """Send a request and wait for its answer."""
         pending = self.request(op, body)
         try:
-            return pending.future.result(timeout)
+            return prompts.wait(pending.future, timeout)
         except concurrent.futures.TimeoutError:
             raise WaitTimeoutError(f"the agent did not answer {op!r} within {timeout} s") from None
 

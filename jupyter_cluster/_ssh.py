@@ -28,6 +28,7 @@ from typing import Any
 
 from ._crash import CRASH_FILE, how_it_ended
 from ._errors import ClusterConnectionError
+from ._prompts import Asking
 from ._version import __version__
 
 CONNECT_TIMEOUT = 15.0
@@ -118,7 +119,6 @@ class SSHTarget:
 
     def connect_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
-            "connect_timeout": CONNECT_TIMEOUT,
             # asyncssh drops the connection after count_max + 1 unanswered intervals.
             "keepalive_interval": self.keepalive / 3,
             "keepalive_count_max": 2,
@@ -165,9 +165,24 @@ def _quick_login_client() -> Any:
     from asyncssh import auth
     from asyncssh.packet import Boolean, String
 
+    class Asks(asyncssh.SSHClient):
+        """A server's password and keyboard-interactive questions (a one-time code), asked in the notebook."""
+
+        def __init__(self, asking: Asking) -> None:
+            self._asking = asking
+
+        def password_auth_requested(self) -> Any:
+            return self._asking.ask(f"{self._asking.who}'s password: ", secret=True)
+
+        def kbdint_auth_requested(self) -> str:
+            return ""  # the server's own choice of devices
+
+        def kbdint_challenge_received(self, name: str, instructions: str, lang: str, prompts: Any) -> Any:
+            return self._asking.kbdint(instructions, prompts) if prompts else []
+
     base = getattr(auth, "_ClientPublicKeyAuth", None)
     if base is None or not all(hasattr(base, name) for name in ("_send_signed_request", "send_request")):
-        return asyncssh.SSHClient
+        return Asks
 
     class SignedAtOnce(base):  # type: ignore[misc,valid-type]
         async def _start(self) -> None:
@@ -179,7 +194,7 @@ def _quick_login_client() -> Any:
             else:
                 await self._send_signed_request()
 
-    class QuickLogin(asyncssh.SSHClient):
+    class QuickLogin(Asks):
         def connection_made(self, conn: Any) -> None:
             self._conn = conn
 
@@ -205,13 +220,19 @@ def _quick_login_client() -> Any:
 
 
 async def open_ssh(target: SSHTarget) -> Any:
-    """An asyncssh connection to ``target``, or an error that says what to do."""
+    """An asyncssh connection to ``target``, or an error that says what to do. The server's questions (a password,
+    a one-time code) and a key's passphrase are asked in the notebook (:mod:`._prompts`), and the time they take
+    counts against no timeout."""
     import asyncssh
 
     where = target.describe()
+    asking = Asking(where)
+    client = _quick_login_client()
+    options = target.connect_options()
+    options["passphrase"] = functools.partial(_passphrase, asking)
     try:
-        connecting = asyncssh.connect(target.host, client_factory=_quick_login_client(), **target.connect_options())
-        return await asyncio.wait_for(connecting, CONNECT_TIMEOUT + 5)
+        connecting = asyncssh.connect(target.host, client_factory=lambda: client(asking), **options)
+        return await asking.within(connecting, CONNECT_TIMEOUT)  # not asyncssh's: a question's time is left out
     except asyncssh.HostKeyNotVerifiable as exc:
         port = target.port or 22
         raise HostKeyError(
@@ -220,9 +241,10 @@ async def open_ssh(target: SSHTarget) -> Any:
             "--known-hosts none skips the check)."
         ) from None
     except asyncssh.PermissionDenied as exc:
+        refused = asking.refused()
         raise SSHAuthError(
             f"{where} refused the login ({exc.reason}): pass --identity FILE with a key it accepts, "
-            "or load one into ssh-agent."
+            "or load one into ssh-agent." + (f" {refused}" if refused else "")
         ) from None
     except (OSError, asyncio.TimeoutError, asyncssh.Error) as exc:
         port = target.port or 22
@@ -230,6 +252,21 @@ async def open_ssh(target: SSHTarget) -> Any:
         raise ClusterConnectionError(
             f"cannot reach {target.host} port {port} over SSH ({detail}); check the address and that sshd runs there."
         ) from None
+
+
+async def _passphrase(asking: Asking, filename: str) -> str | None:
+    """A key's passphrase, asked for keys under one only (asyncssh asks of every key it is given)."""
+    import asyncssh
+
+    try:
+        asyncssh.read_private_key(filename)
+        return None
+    except asyncssh.KeyImportError as exc:
+        if "passphrase" not in str(exc).lower():
+            return None
+    except OSError:
+        return None
+    return await asking.ask(f"Enter passphrase for key '{filename}': ", secret=True)
 
 
 #: Run on the head by ``python -c``: probes it and starts the agent in one exec.

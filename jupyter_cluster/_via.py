@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import io
 import os
 import shlex
+import shutil
 import tarfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from typing import Any
 
 from ._crash import how_it_ended
 from ._errors import ClusterConnectionError
+from ._prompts import Terminal
 from ._ssh import _AGENT_DIR, HeadError, RemoteHead, agent_fingerprint
 
 #: Stderr lines of a failed command that an error quotes.
@@ -96,12 +99,13 @@ class ViaTarget:
     #: What the user gave, where it was not the command itself (``k8s:ray/raycluster``), for the resume hint.
     given: str = ""
 
-    def failed(self, status: int | None, stderr: str) -> str:
-        """The command's failure in words: its exit status, its last stderr lines, and what they call for."""
+    def failed(self, status: int | None, stderr: str, refused: str = "") -> str:
+        """The command's failure in words: its exit status, its last stderr lines, what they call for, and the
+        questions it asked that got no answer (``refused``: :meth:`Terminal.refused`)."""
         err = last_lines(stderr)
         said = f"--via `{self.describe()}` failed (exit status {status})" + (f":\n{err}" if err else ", saying nothing")
         hints = [hint for key, hint in self.explain.items() if key in stderr]
-        return "\n".join([said, *hints])
+        return "\n".join([said, *hints, *([refused] if refused else [])])
 
     @classmethod
     def parse(cls, command: str | Sequence[str], python: str | None = None) -> ViaTarget:
@@ -132,38 +136,58 @@ class CommandHead(RemoteHead):
         super().__init__(target, None)  # type: ignore[arg-type]
         self.via = target
 
-    async def spawn(self) -> asyncio.subprocess.Process:
-        """The command, with a shell on the head reading its stdin; a clear error where it cannot start."""
+    async def spawn(self, *, interactive: bool = True) -> tuple[asyncio.subprocess.Process, Terminal]:
+        """The command, with a shell on the head reading its stdin, and a terminal of its own whose prompts (a
+        password, a second factor) are asked in the notebook (``interactive``; else refused at once: a port
+        forward's connection, which nobody waits on); a clear error where it cannot start.
+
+        The command leads a session of its own (an interrupt of the kernel is not the command's), with the terminal
+        as that session's. When it ends, the terminal's hangup would end whatever it left running on this machine
+        (``ip netns exec``, ``sh -c``: a ``ray start``'s daemons): it runs under ``nohup``, as a login shell's
+        background work does."""
+        program = self.via.argv[0]
+        found = shutil.which(program)
+        if found is None:
+            reason = os.strerror(errno.EACCES if os.path.exists(program) else errno.ENOENT)
+            raise ClusterConnectionError(
+                f"--via: cannot run {program!r} ({reason}): check the command (`{self.via.describe()}`) and that it is "
+                "on this machine's PATH"
+            )
+        nohup = [shutil.which("nohup") or "nohup"]
+        terminal = Terminal(f"`{self.via.describe()}`", interactive=interactive)
         try:
-            return await asyncio.create_subprocess_exec(
-                *self.via.argv,
+            proc = await asyncio.create_subprocess_exec(
+                *nohup,
+                found,
+                *self.via.argv[1:],
                 "sh",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,  # an interrupt of the kernel is not the command's
+                start_new_session=True,
+                preexec_fn=terminal.preexec,
             )
         except OSError as exc:
-            raise ClusterConnectionError(
-                f"--via: cannot run {self.via.argv[0]!r} ({exc.strerror}): check the command "
-                f"(`{self.via.describe()}`) and that it is on this machine's PATH"
-            ) from None
+            terminal.close()
+            raise ClusterConnectionError(f"--via: cannot run {program!r} ({exc.strerror})") from None
+        terminal.start(proc.wait(), end=lambda: _kill(proc))
+        return proc, terminal
 
     async def run(self, command: str, *, stdin: str | bytes | None = None, timeout: float = 120.0) -> Any:
         """Run ``command`` (a shell line) on the head, with ``stdin`` as its input.
 
         A shell may read ahead of the line it runs (dash does, on a pipe), so the input is sent only once the line
         runs: an inner shell says so first (:data:`READY`), and the outer one has run it by then."""
-        proc = await self.spawn()
+        proc, terminal = await self.spawn()
         assert proc.stdin is not None and proc.stdout is not None
         try:
             if stdin is None:
-                out, err = await asyncio.wait_for(proc.communicate(f"{command}\n".encode()), timeout)
+                out, err = await terminal.within(proc.communicate(f"{command}\n".encode()), timeout)
             else:
                 proc.stdin.write(f"exec sh -c {shlex.quote(f'echo {READY}; {command}')}\n".encode())
-                first = await asyncio.wait_for(proc.stdout.readline(), timeout)
+                first = await terminal.within(proc.stdout.readline(), timeout)
                 payload = stdin.encode() if isinstance(stdin, str) else stdin
-                out, err = await asyncio.wait_for(proc.communicate(payload if first == READY_LINE else b""), timeout)
+                out, err = await terminal.within(proc.communicate(payload if first == READY_LINE else b""), timeout)
                 if first != READY_LINE:
                     out = first + out
         except asyncio.TimeoutError:
@@ -172,7 +196,10 @@ class CommandHead(RemoteHead):
                 f"--via `{self.via.describe()}` did not end within {timeout:.0f} s running: {command[:80]}"
             ) from None
         return SimpleNamespace(
-            exit_status=proc.returncode, stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace")
+            exit_status=proc.returncode,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace") + terminal.said,
+            refused=terminal.refused(),
         )
 
     async def boot(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +214,7 @@ class CommandHead(RemoteHead):
                     f"there is no Python at {self.via.python!r} on the head: pass --python with the path of one "
                     "that has Ray."
                 )
-            raise ClusterConnectionError(self.via.failed(probe.exit_status, str(probe.stderr)))
+            raise ClusterConnectionError(self.via.failed(probe.exit_status, str(probe.stderr), probe.refused))
         return await super().boot(request)
 
     async def ship_agent(self, lib: str, version: str) -> None:
@@ -229,25 +256,26 @@ class CommandTransport:
         self._gone: str | None = None
         self._proc: asyncio.subprocess.Process | None = None
 
-    async def relay(self, where: str) -> tuple[asyncio.subprocess.Process, str]:
+    async def relay(self, where: str, *, interactive: bool = True) -> tuple[asyncio.subprocess.Process, str, Terminal]:
         """A relay on the head to ``where`` (the agent's socket, or ``tcp:PORT``): the process, once it said it
-        reached it, and ``""``; or the process and what it said instead (``""`` too where it said nothing)."""
-        proc = await self.head.spawn()
+        reached it, and ``""``; or the process and what it said instead (``""`` too where it said nothing); and the
+        command's terminal."""
+        proc, terminal = await self.head.spawn(interactive=interactive)
         assert proc.stdin is not None and proc.stdout is not None
         argv = [self.target.python, "-u", "-c", RELAY, where]
         proc.stdin.write(f"exec {shlex.join(argv)}\n".encode())
         try:
-            first = await asyncio.wait_for(proc.stdout.readline(), RELAY_TIMEOUT)
+            first = await terminal.within(proc.stdout.readline(), RELAY_TIMEOUT)
         except asyncio.TimeoutError:
             _kill(proc)
             raise ClusterConnectionError(
                 f"--via `{self.target.describe()}` said nothing within {RELAY_TIMEOUT:.0f} s"
             ) from None
-        return proc, "" if first == RELAY_OK else first.decode(errors="replace").strip() or "?"
+        return proc, "" if first == RELAY_OK else first.decode(errors="replace").strip() or "?", terminal
 
     async def open_port(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A stream to ``port`` on the head's loopback (a port forward's connection)."""
-        proc, said = await self.relay(f"tcp:{port}")
+        proc, said, _ = await self.relay(f"tcp:{port}", interactive=False)
         if said:
             _kill(proc)
             raise ConnectionRefusedError(said)
@@ -256,7 +284,7 @@ class CommandTransport:
 
     async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         self.discard()
-        proc, said = await self.relay(self.socket_path)
+        proc, said, terminal = await self.relay(self.socket_path)
         assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
         if not said:
             self._proc = proc
@@ -271,7 +299,7 @@ class CommandTransport:
                 if gone:
                     self._gone = gone
                     raise ClusterConnectionError(gone)
-            raise ClusterConnectionError(self.target.failed(proc.returncode, err))
+            raise ClusterConnectionError(self.target.failed(proc.returncode, err + terminal.said, terminal.refused()))
         _kill(proc)
         crash = await self.head.agent_death(self.agent_pid, self.socket_path, timeout=30)
         if crash is not None:

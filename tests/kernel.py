@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +62,37 @@ class Kernel:
         reply, messages = self.execute(code, timeout)
         assert reply["status"] == "ok", f"{reply.get('ename')}: {reply.get('evalue')}\n" + error_text(messages)
         return messages
+
+    def asking(self, code: str, answer: str | None, timeout: float = 240) -> tuple[str, list[dict[str, Any]]]:
+        """Run ``code``, answering each question it asks (``input()``, ``getpass()``) with ``answer`` (None: a
+        frontend that takes no input, as nbclient's); what it printed (its error's name and message too), and the
+        questions (``input_request`` contents)."""
+        msg_id = self.kc.execute(code, allow_stdin=answer is not None)
+        asked: list[dict[str, Any]] = []
+        printed: list[str] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            assert time.monotonic() < deadline, "the cell did not end:\n" + "".join(printed)
+            try:
+                request = self.kc.get_stdin_msg(timeout=0.05)
+                asked.append(request["content"])
+                self.kc.input(answer or "")
+            except queue.Empty:
+                pass
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.05)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                printed.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        self.reply_to(msg_id)
+        return "".join(printed), asked
 
     def wait_for_update(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
         """The first display update (seen already, or arriving within ``timeout``) that ``predicate`` accepts."""

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -31,6 +32,7 @@ from jupyter_cluster._ssh import (
 )
 from jupyter_cluster.agent._protocol import Frame, read_frame, write_frame
 
+from .kernel import Kernel
 from .sshd import SSHServer, free_port, link_cutter, sshd_server  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(300)
@@ -354,6 +356,32 @@ def test_authentication_failure(sshd_server: SSHServer, tmp_path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     with pytest.raises(SSHAuthError, match="--identity"):
         jc.connect(_target(sshd_server), identity=str(key), known_hosts=str(sshd_server.known_hosts))
+
+
+def test_a_keys_passphrase_is_asked_in_the_notebook(sshd_server: SSHServer, tmp_path: Path) -> None:
+    """``--identity`` names a key under a passphrase: the notebook asks for it (as ``getpass`` does, nothing
+    echoed) and the login goes on; a frontend that takes no input gets the refusal with the question in it."""
+    key = tmp_path / "locked_ed25519"
+    shutil.copy(sshd_server.identity, key)
+    key.chmod(0o600)
+    subprocess.run(["ssh-keygen", "-p", "-q", "-P", "", "-N", "open sesame", "-f", str(key)], check=True)
+    connect = (
+        "import sys, jupyter_cluster as jc\n"
+        f"jc.connect({_target(sshd_server)!r}, identity={str(key)!r}, known_hosts={str(sshd_server.known_hosts)!r}, "
+        "python='/opt/nowhere/python3')"
+    )
+    kernel = Kernel()
+    try:
+        printed, asked = kernel.asking(connect, "open sesame")
+        assert [(q["prompt"], q["password"]) for q in asked] == [(f"Enter passphrase for key '{key}': ", True)], asked
+        assert "no Python at '/opt/nowhere/python3'" in printed, printed  # logged in: the head answered
+        printed, asked = kernel.asking(connect, None)
+        assert not asked
+        assert "SSHAuthError" in printed and "refused the login" in printed, printed
+        assert f"asked \"Enter passphrase for key '{key}':\"" in printed and "got no answer" in printed, printed
+    finally:
+        kernel.kc.stop_channels()
+        kernel.km.shutdown_kernel(now=True)
 
 
 def test_unknown_host_key_is_refused_with_how_to_accept(sshd_server: SSHServer, tmp_path: Path) -> None:

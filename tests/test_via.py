@@ -14,10 +14,13 @@ head without the Python asked for, each get an error that names the command and 
 from __future__ import annotations
 
 import shlex
+import shutil
+import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +31,7 @@ from jupyter_cluster._ssh import HeadError
 from jupyter_cluster._via import CommandTransport
 
 from .conftest import attached, check_exactly_once, counting, run
+from .kernel import Kernel
 from .sshd import SSHServer, free_port, ssh_hosts, sshd_server  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(600)
@@ -137,3 +141,53 @@ def test_the_magic_takes_via_and_refuses_it_beside_a_head(shell: Any, sshd_serve
     assert done.error_in_exec is not None and "both a head and --via" in str(done.error_in_exec)
     done = run(shell, "%cluster connect --via 'no-such-command-jc --'")
     assert done.error_in_exec is not None and "cannot run 'no-such-command-jc'" in str(done.error_in_exec)
+
+
+PASSPHRASE = "correct horse battery staple"
+
+
+def test_the_commands_own_prompt_is_asked_in_the_notebook(via_head: jc.Cluster, ssh_hosts: Any, tmp_path: Path) -> None:
+    """OpenSSH's client with a key under a passphrase asks for it on its terminal: the notebook asks the user (as
+    ``getpass`` does, nothing echoed), at connect and again when a cut stream is resumed mid-cell; a frontend that
+    takes no input gets an error that names the question."""
+    endpoint = ssh_hosts.head
+    key = tmp_path / "locked_ed25519"
+    shutil.copy(endpoint.identity, key)
+    key.chmod(0o600)
+    subprocess.run(["ssh-keygen", "-p", "-q", "-P", "", "-N", PASSPHRASE, "-f", str(key)], check=True)
+    argv = endpoint.ssh_argv("")[:-1]
+    argv[argv.index("-i") + 1] = str(key)
+    argv[argv.index("BatchMode=yes")] = "BatchMode=no"
+    command = shlex.join(argv)
+    kernel = Kernel()
+    try:
+        printed, asked = kernel.asking(
+            "import sys, jupyter_cluster as jc\n"
+            f"cluster = jc.connect(via={command!r}, python=sys.executable)\n"
+            "print('answer', cluster.run_cell('6 * 7', mode='driver').result(60).value)",
+            PASSPHRASE,
+        )
+        assert "answer 42" in printed, printed
+        assert asked and all(f"Enter passphrase for key '{key}'" in q["prompt"] and q["password"] for q in asked), asked
+        at_connect = len(asked)
+        # The stream cut mid-cell: the command is run again, and its question asked by the cell that waits.
+        printed, asked = kernel.asking(
+            f"cell = cluster.run_cell({SOURCE!r})\n"
+            "import time; time.sleep(2)\n"
+            "cluster._link.transport.discard()\n"
+            f"cell.result(120)\nprint('lines', cell.stdout.split() == [str(i) for i in range({LINES})])",
+            PASSPHRASE,
+        )
+        assert "lines True" in printed, printed
+        assert len(asked) == 1 and asked[0]["password"], asked
+        # A frontend that takes no input (nbclient, papermill): the error names the question.
+        printed, asked = kernel.asking(f"jc.connect(via={command!r}, python=sys.executable)", None)
+        assert not asked
+        assert "ClusterConnectionError" in printed and "Enter passphrase for key" in printed, printed
+        assert "got no answer" in printed, printed
+        # The attached session went on meanwhile.
+        printed, _ = kernel.asking("print('still', cluster.run_cell('1 + 1', mode='driver').result(60).value)", None)
+        assert "still 2" in printed, printed
+        print("questions at connect:", at_connect)
+    finally:
+        kernel.stop()
