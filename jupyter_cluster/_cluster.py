@@ -9,6 +9,7 @@ notebook-side mirror of Ray's core API (``submit``, ``map``, ``put``, ``get``,
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import html
 import itertools
 import linecache
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from . import _environment, _sync, _views
+from . import _prompts as prompts
 from ._analysis import analyse_cell
 from ._cell import RemoteCell
 from ._crash import crash_site
@@ -142,6 +144,8 @@ class Cluster:
         self._sync_digests = _sync.Digests()
         #: ``jc.map`` calls whose progress bar still runs: their handle ids, and their watch.
         self._trackers: list[tuple[frozenset[str], concurrent.futures.Future[Any]]] = []
+        #: Attaches to the head that replaces this one for good (``k8s:``: KubeRay's new head pod); set by connect.
+        self.successor: Callable[[], Cluster] | None = None
         link.on_give_up = self._link_gave_up
         link.explain = self._what_went
         link.watchers.append(lambda what: tell("link", self))
@@ -218,6 +222,12 @@ class Cluster:
                 "The notebook's own variables are intact; the next %%remote cell (or `%cluster local`) starts a new "
                 "embedded cluster."
             )
+        elif self._succeeds():
+            words.append(f". With it went {went}")
+            then = (
+                "The notebook's own variables are intact. This notebook attaches to the new head now: the next "
+                "%%remote cell runs there (`%cluster status` names it)."
+            )
         else:
             words.append(f". With it went {went}")
             then = (
@@ -226,12 +236,18 @@ class Cluster:
             )
         return "".join(words), then
 
+    def _succeeds(self) -> bool:
+        """Whether a new head replaced this one for good (a KubeRay head pod), and the notebook attaches to it."""
+        return self.successor is not None and bool(getattr(self._link.transport, "head_replaced", False))
+
     def _link_gave_up(self, error: BaseException) -> None:
         # The session lives on in the agent when only the link is gone: a later
         # connect with its name resumes this very object (see ``_detached``).
         if getattr(error, "resume", None):
             _detached[self._link.session] = self
         _forget(self)
+        if self._succeeds():
+            _succeed(self)
 
     # ----------------------------------------------------------------- cells
     def run_cell(
@@ -1029,10 +1045,48 @@ def attach(cluster: Cluster) -> Cluster:
 _detached: dict[str, Cluster] = {}
 
 
+#: The attach to a head that replaced the current one for good (:func:`_succeed`): :func:`current` waits for it.
+_succession: concurrent.futures.Future[Cluster] | None = None
+
+
+def _succeed(old: Cluster) -> None:
+    """Attach to the head that replaced ``old``'s, in a thread of its own (the link's loop cannot wait on it)."""
+    global _succession
+    assert old.successor is not None
+    successor = old.successor
+    future: concurrent.futures.Future[Cluster] = concurrent.futures.Future()
+    _succession = future
+
+    def run() -> None:
+        try:
+            future.set_result(successor())
+        except BaseException as exc:
+            log.warning("could not attach to the head that replaced %s: %s", old.kind, exc)
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="jupyter-cluster-successor", daemon=True).start()
+
+
 def current() -> Cluster | None:
-    """The cluster this notebook is attached to, or None."""
+    """The cluster this notebook is attached to, or None. While the notebook attaches to a head that replaced the
+    current one (a KubeRay head pod), the new one, once attached: a cell then is not sent to a local cluster."""
     cluster = _current
+    succession = _succession
+    if (cluster is None or not cluster.alive) and succession is not None and not succession.done():
+        with contextlib.suppress(Exception):
+            prompts.wait(succession)
+        cluster = _current
     return cluster if cluster is not None and cluster.alive else None
+
+
+def failed_succession() -> BaseException | None:
+    """Why the notebook could not attach to the head that replaced its own, once (then None)."""
+    global _succession
+    succession = _succession
+    if succession is None or not succession.done() or _current is not None:
+        return None
+    _succession = None
+    return succession.exception()
 
 
 def attached() -> Cluster:

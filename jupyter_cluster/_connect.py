@@ -12,6 +12,7 @@ Ray's own cluster launcher on a cluster YAML (:mod:`._launcher`), then connects;
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import ipaddress
 import logging
@@ -19,6 +20,7 @@ import os
 import re
 import secrets
 import shlex
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -418,9 +420,36 @@ def connect(
     else:
         cluster.dashboard_url = _run(_forward_dashboard(conn), timeout=30)
     cluster.started = started
+    if target is not None and is_kube(target):
+        cluster.successor = functools.partial(
+            _succeed,
+            target,
+            reconnect_for,
+            python=python,
+            reconnect_for=reconnect_for,
+            keepalive=keepalive,
+            idle_timeout=idle_timeout,
+            ray_token_file=ray_token_file,
+            on_interrupt=on_interrupt,
+            ship=ship,
+            runtime_env=runtime_env,
+        )
     if started is not None:
         cluster.stoppers.append(lambda: _run(_stop_started(started), timeout=120))
     return with_session_env(runtime_env, attach, cluster)
+
+
+def _succeed(target: str, wait: float, **options: Any) -> Cluster:
+    """``connect(target)`` again for the head that replaced a RayCluster's (KubeRay starts a new head pod): tried
+    until it works or ``wait`` seconds passed, while the new pod is made, scheduled and started."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return connect(target, **options)
+        except ClusterConnectionError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
 
 
 def up(

@@ -174,9 +174,8 @@ def replacement_check(spec: KubeSpec, pod: dict[str, Any]) -> Callable[[], Await
             return None
         now = f"by {', '.join(names)}" if names else "and no head pod runs now"
         return (
-            f"the head pod {name} of RayCluster {spec.name!r} was replaced {now}: its Ray, the agent and the work "
-            f"this session had in flight went with it (values it held are lost). `%cluster connect {spec.describe()}` "
-            "attaches to the new head."
+            f"the head pod {name} of RayCluster {spec.name!r} was replaced {now}, and its Ray and this session's "
+            "agent with it"
         )
 
     return replaced

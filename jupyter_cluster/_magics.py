@@ -524,6 +524,11 @@ class ClusterMagics(Magics):
             except Exception as exc:
                 raise UsageError(f"--map {name} in {expr}: {type(exc).__name__}: {exc}") from None
         cluster = _cluster.current()
+        if cluster is None and (failed := _cluster.failed_succession()) is not None:
+            raise UsageError(
+                f"the notebook could not attach to the head that replaced its own ({failed}); its cells are not sent "
+                "to an embedded cluster instead: `%cluster connect` again, or `%cluster local`"
+            )
         if cluster is None:
             cluster = _cluster.local()
             print(f"Started an embedded local Ray cluster for this notebook ({cluster!r}); `%cluster down` stops it.")

@@ -254,6 +254,8 @@ class CommandTransport:
         #: The agent's process id on the head (from its welcome), to tell "gone" from "unreachable".
         self.agent_pid: int | None = None
         self._gone: str | None = None
+        #: Whether the head is gone for good, replaced by another (``k8s:``: a new head pod).
+        self.head_replaced = False
         self._proc: asyncio.subprocess.Process | None = None
 
     async def relay(self, where: str, *, interactive: bool = True) -> tuple[asyncio.subprocess.Process, str, Terminal]:
@@ -298,6 +300,7 @@ class CommandTransport:
                 gone = await self.target.replaced()
                 if gone:
                     self._gone = gone
+                    self.head_replaced = True
                     raise ClusterConnectionError(gone)
             raise ClusterConnectionError(self.target.failed(proc.returncode, err + terminal.said, terminal.refused()))
         _kill(proc)

@@ -45,6 +45,8 @@ class Pod:
     runs_in: list[str] = field(default_factory=list)
     #: Which images its containers run (``ray.io`` labels aside, the product only names them).
     image: str = "rayproject/ray:2.60.0"
+    #: Its containers' environment beyond the host's (KubeRay's ``authOptions``: ``RAY_AUTH_TOKEN`` from a Secret).
+    env: dict[str, str] = field(default_factory=dict)
 
     def manifest(self) -> dict[str, Any]:
         ready = self.phase == "Running"
@@ -260,7 +262,7 @@ class ExecHandler(tornado.websocket.WebSocketHandler):
             self.proc = await asyncio.create_subprocess_exec(
                 *pod.runs_in, *command,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
+                start_new_session=True, env={**os.environ, **pod.env},
             )  # fmt: skip
         except OSError as exc:
             self._end({"status": "Failure", "message": str(exc), "reason": "InternalError"})

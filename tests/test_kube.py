@@ -133,25 +133,67 @@ def test_an_api_server_restart_mid_cell_loses_nothing(raycluster: StandInAPIServ
         cluster.down(force=True)
 
 
-def test_a_replaced_head_pod_is_named_with_what_went_with_it(
+def test_a_replaced_head_pod_is_named_with_what_went_with_it_and_the_new_one_attached(
     raycluster: StandInAPIServer, ray_head: str, ssh_hosts: Any
 ) -> None:
+    """KubeRay replaced the head pod (another name; here the same host, so that the new pod has a Ray): the cells
+    in flight fail naming the old pod, the new one and what went with it, and the notebook attaches to the new pod
+    by itself, a new session there; the next cell runs on it."""
     cluster = _attach(ray_head, reconnect_for=60)
+    new_pod = "raycluster-kuberay-head-q9w4z"
+    successor = None
     try:
-        assert cluster.run_cell("1", mode="driver").result(120).value == 1
+        cluster.run_cell("kept = 1", mode="driver").result(120)
         state = raycluster.state
         del state.pods[(NAMESPACE, HEAD_POD)]
-        state.pods[(NAMESPACE, "raycluster-kuberay-head-q9w4z")] = _head_pod(
-            ssh_hosts.head.netns, "raycluster-kuberay-head-q9w4z"
-        )
+        state.pods[(NAMESPACE, new_pod)] = _head_pod(ssh_hosts.head.netns, new_pod)
         raycluster.stop()  # the old pod's exec streams end with it
         raycluster.start()
         cell = cluster.run_cell("2", mode="driver")
-        with pytest.raises(Exception, match=f"head pod {HEAD_POD} .* was replaced by raycluster-kuberay-head-q9w4z"):
+        with pytest.raises(Exception, match=f"head pod {HEAD_POD} .* was replaced by {new_pod}") as lost:
             cell.result(120)
-        assert "connect k8s:ray/raycluster-kuberay" in str(cluster.link.get("lost") or cell.error)
+        said = str(lost.value)
+        assert "the driver's namespace" in said and "attaches to the new head now" in said, said
+        successor = jc.current()  # waits for the attach under way
+        assert successor is not None and successor is not cluster, successor
+        assert successor.kind == f"k8s:{NAMESPACE}/{CLUSTER} (pod {new_pod})", successor.kind
+        assert successor.session != cluster.session
+        assert successor.run_cell("3", mode="driver").result(120).value == 3
+        # A new session: the old driver's namespace did not come along.
+        assert "kept" in str(successor.run_cell("kept", mode="driver").exception(120))
     finally:
         cluster.down(force=True)
+        if successor is not None:
+            successor.down(force=True)
+
+
+def test_rays_token_is_read_where_kuberays_auth_options_put_it(
+    raycluster: StandInAPIServer, ray_head: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KubeRay's ``authOptions: {mode: token}`` gives the head container ``RAY_AUTH_MODE`` and ``RAY_AUTH_TOKEN``
+    (from its Secret), and no ``~/.ray/auth_token``: the agent, started through ``kubectl exec``, joins with that
+    token; without it, Ray's refusal is said as such."""
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)  # the kernel gives none: the container's is the one used
+    token_file = Path.home() / ".ray" / "auth_token"
+    token = token_file.read_text().strip()
+    aside = token_file.with_name("auth_token.kuberay-test")
+    pod = raycluster.state.pods[(NAMESPACE, HEAD_POD)]
+    token_file.rename(aside)
+    try:
+        with pytest.raises(jc.ClusterConnectionError, match="token"):
+            _attach(ray_head)
+        pod.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+        cluster = _attach(ray_head)
+        try:
+            assert (
+                cluster.run_cell("import os\nos.environ['RAY_AUTH_TOKEN'] == " + repr(token), mode="driver")
+                .result(120)
+                .value
+            )
+        finally:
+            cluster.down(force=True)
+    finally:
+        aside.rename(token_file)
 
 
 def test_no_such_raycluster(kube: StandInAPIServer) -> None:
