@@ -101,7 +101,8 @@ def wait(future: concurrent.futures.Future[T], timeout: float | None = None) -> 
         try:
             return future.result(max(left, 0.0))
         except concurrent.futures.TimeoutError:
-            if deadline is not None and time.monotonic() >= deadline:
+            # The future's own error may be a TimeoutError too (a cell's CellTimeoutError): it ended, then.
+            if future.done() or (deadline is not None and time.monotonic() >= deadline):
                 raise
 
 

@@ -34,6 +34,9 @@ from ._ssh import _AGENT_DIR, HeadError, RemoteHead, agent_fingerprint
 
 #: Stderr lines of a failed command that an error quotes.
 STDERR_LINES = 8
+#: Seconds the first command on the head (is there a shell, and that Python?) has to answer: a command that logs
+#: in over a slow link answers in seconds; one that hangs (a stalled ``kubectl``, a host that drops packets) never.
+PROBE_TIMEOUT = 60.0
 #: Seconds a relay has to say it reached the agent's socket (a ``kubectl exec`` starts in about a second).
 RELAY_TIMEOUT = 30.0
 #: What a command's inner shell says before its input is sent (see :meth:`CommandHead.run`).
@@ -206,7 +209,8 @@ class CommandHead(RemoteHead):
         """The SSH link's boot (:meth:`RemoteHead.boot`), where the command's own failure (kubectl's "Forbidden",
         a pod that is not there, a refused login) is named as the command's, with its last lines."""
         probe = await self.run(
-            f"echo jupyter-cluster-shell; command -v {self.python} >/dev/null && echo jupyter-cluster-found", timeout=60
+            f"echo jupyter-cluster-shell; command -v {self.python} >/dev/null && echo jupyter-cluster-found",
+            timeout=PROBE_TIMEOUT,
         )
         if "jupyter-cluster-found" not in str(probe.stdout):
             if "jupyter-cluster-shell" in str(probe.stdout):  # the head's shell ran the probe: no such Python there

@@ -13,8 +13,10 @@ head without the Python asked for, each get an error that names the command and 
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,7 +28,7 @@ from typing import Any
 import pytest
 
 import jupyter_cluster as jc
-from jupyter_cluster import ClusterConnectionError
+from jupyter_cluster import ClusterConnectionError, _via
 from jupyter_cluster._ssh import HeadError
 from jupyter_cluster._via import CommandTransport
 
@@ -129,6 +131,34 @@ def test_a_command_that_fails_is_named_with_its_last_lines() -> None:
 def test_a_command_that_exits_at_once_says_so() -> None:
     with pytest.raises(ClusterConnectionError, match=r"--via `true` failed \(exit status 0\), saying nothing"):
         jc.connect(via="true")
+
+
+def test_a_command_that_hangs_is_named_with_how_long_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_via, "PROBE_TIMEOUT", 3.0)
+    command = shlex.join(["sh", "-c", "sleep 600", "--"])  # runs, reads nothing, says nothing
+    with pytest.raises(ClusterConnectionError, match=r"--via `sh -c 'sleep 600' --` did not end within 3 s"):
+        jc.connect(via=command)
+
+
+def test_a_silent_stream_is_dropped_and_resumed(via_head: jc.Cluster, ssh_hosts: Any) -> None:
+    """The command stalls mid-cell (stopped: a ``kubectl`` whose connection hangs, a host that drops packets): after
+    the keepalive's silence the link gives it up, runs the command again, and nothing is lost or repeated."""
+    assert via_head.started is not None
+    command = ssh_command(ssh_hosts.head)
+    address = via_head.started.address
+    cluster = jc.connect(via=command, python=sys.executable, address=address, keepalive=3, reconnect_for=60)
+    try:
+        transport = cluster._link.transport
+        assert isinstance(transport, CommandTransport)
+        cell = cluster.run_cell(SOURCE)
+        time.sleep(2)
+        stalled = transport._proc
+        assert stalled is not None
+        os.kill(stalled.pid, signal.SIGSTOP)
+        check_exactly_once(cell, LINES)
+        assert transport._proc is not stalled and stalled.returncode is not None  # the stalled one was ended
+    finally:
+        cluster.down(force=True)
 
 
 def test_a_head_without_that_python_is_told_apart_from_the_command(sshd_server: SSHServer) -> None:
