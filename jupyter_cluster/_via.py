@@ -76,6 +76,21 @@ while True:
         view = view[os.write(1, view):]
 """
 
+#: Run on the head: passes argv[1] bytes of its stdin on to its stdout, then ends (the input of a command run by
+#: :meth:`CommandHead.run`, whose end a ``kubectl exec`` over ``v4.channel.k8s.io`` cannot pass on).
+TAKE = r"""
+import os, sys
+left = int(sys.argv[1])
+while left > 0:
+    data = os.read(0, min(left, 1 << 16))
+    if not data:
+        break
+    left -= len(data)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
+"""
+
 #: Run on the head: unpacks the agent's modules (a tar on stdin) into argv[1], then marks them complete with
 #: argv[2] (the modules' fingerprint), as the SSH link's SFTP copy does.
 UNPACK = r"""
@@ -180,16 +195,20 @@ class CommandHead(RemoteHead):
         """Run ``command`` (a shell line) on the head, with ``stdin`` as its input.
 
         A shell may read ahead of the line it runs (dash does, on a pipe), so the input is sent only once the line
-        runs: an inner shell says so first (:data:`READY`), and the outer one has run it by then."""
+        runs: an inner shell says so first (:data:`READY`), and the outer one has run it by then. Nothing relies on
+        the end of the command's stdin reaching the head: ``kubectl exec`` over the older exec protocol
+        (``v4.channel.k8s.io``) cannot say it. The outer shell is told to ``exit``, and the input's length goes
+        with it (:data:`TAKE` passes that many bytes on, then ends the command's input)."""
         proc, terminal = await self.spawn()
         assert proc.stdin is not None and proc.stdout is not None
         try:
             if stdin is None:
-                out, err = await terminal.within(proc.communicate(f"{command}\n".encode()), timeout)
+                out, err = await terminal.within(proc.communicate(f"{command}\nexit\n".encode()), timeout)
             else:
-                proc.stdin.write(f"exec sh -c {shlex.quote(f'echo {READY}; {command}')}\n".encode())
-                first = await terminal.within(proc.stdout.readline(), timeout)
                 payload = stdin.encode() if isinstance(stdin, str) else stdin
+                take = shlex.join([self.python, "-c", TAKE, str(len(payload))])
+                proc.stdin.write(f"exec sh -c {shlex.quote(f'echo {READY}; {take} | {{ {command}; }}')}\n".encode())
+                first = await terminal.within(proc.stdout.readline(), timeout)
                 out, err = await terminal.within(proc.communicate(payload if first == READY_LINE else b""), timeout)
                 if first != READY_LINE:
                     out = first + out

@@ -1,14 +1,15 @@
 """A stand-in Kubernetes API server for the real ``kubectl``: what ``%cluster connect k8s:...`` asks of one.
 
-No Kubernetes runs here, so this speaks the API server's own protocol, over plain HTTP on loopback, to the
-``kubectl`` on this machine: legacy discovery (``/version``, ``/api``, ``/apis``, the resource lists), pods
-listed and got (label selectors), events (field selectors), secrets, KubeRay's ``rayclusters``, and
-``pods/exec`` over the WebSocket protocols ``kubectl`` speaks (``v5.channel.k8s.io``, and ``v4`` it falls back
-to): a binary frame per message, its first byte the channel (0 stdin, 1 stdout, 2 stderr, 3 the exit status as a
-``Status``, 255 a closed stream, v5 only). A pod's exec runs the command where the test says its container is
-(a network-namespace host: ``ip netns exec NS``), so ``kubectl exec`` reaches a real Ray head. Faults are the
-test's to make: a pod pending with events, ``pods/exec`` forbidden, the server stopped and started again (every
-exec stream cut), a pod replaced under a new name and address.
+No Kubernetes runs here, so this speaks the API server's own protocol, over plain HTTP on loopback, to the ``kubectl``
+on this machine: legacy discovery (``/version``, ``/api``, ``/apis``, the resource lists), pods listed and got
+(label selectors), events (field selectors), secrets, KubeRay's ``rayclusters``, and ``pods/exec`` in both protocols
+``kubectl`` speaks: over WebSocket, ``v5.channel.k8s.io`` (a binary frame per message, its first byte the channel: 0
+stdin, 1 stdout, 2 stderr, 3 the exit status as a ``Status``, 255 a closed stream); and over SPDY/3.1,
+``v4.channel.k8s.io``, which ``kubectl`` falls back to where an API server before 1.30 refuses the WebSocket upgrade
+(a stream per channel, :class:`SpdyExec`). A pod's exec runs the command where the test says its container is (a
+network-namespace host: ``ip netns exec NS``), so ``kubectl exec`` reaches a real Ray head. Faults are the test's to
+make: a pod pending with events, ``pods/exec`` forbidden, the server stopped and started again (every exec stream
+cut), a pod replaced under a new name and address.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
+import struct
 import threading
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tornado.httpserver
+import tornado.iostream
 import tornado.web
 import tornado.websocket
 
@@ -97,8 +102,14 @@ class KubeState:
         self.user = "alice"
         #: Every request, as ``METHOD path`` (for the tests to check what kubectl asked).
         self.requests: list[str] = []
-        #: The exec protocol of each exec, and the containers named.
+        #: The exec protocols the server speaks, preferred first (an older API server: v4 only), the protocol of
+        #: each exec, and the containers named.
+        self.exec_protocols: tuple[str, ...] = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+        #: The exec sessions over SPDY under way.
+        self.spdy: list[SpdyExec] = []
         self.protocols: list[str] = []
+        #: What kubectl offered, each exec.
+        self.offered: list[list[str]] = []
         self.containers: set[str] = set()
         self.execs: list[ExecHandler] = []
 
@@ -213,15 +224,40 @@ class ExecHandler(tornado.websocket.WebSocketHandler):
         self._tasks: set[asyncio.Future[None]] = set()
 
     async def post(self, namespace: str, name: str) -> None:
-        """SPDY, which kubectl falls back to where the WebSocket upgrade failed: refused as the upgrade was (a
-        real API server authorizes before either), and not spoken here otherwise."""
+        """SPDY/3.1, which kubectl falls back to where the WebSocket upgrade failed (an API server before 1.30):
+        the older exec protocol, ``v4.channel.k8s.io``, a SPDY stream per channel (:class:`SpdyExec`)."""
         self.state.requests.append(f"EXEC-SPDY {namespace}/{name}")
-        if not self._refused(namespace, name):
-            self._refuse(400, "BadRequest", "this stand-in API server speaks pods/exec over WebSocket only")
+        if self._refused(namespace, name):
+            return
+        versions = self.request.headers.get_list("X-Stream-Protocol-Version")
+        offered = [v.strip() for line in versions for v in line.split(",")]
+        if self.request.headers.get("Upgrade", "").lower() != "spdy/3.1" or SPDY_PROTOCOL not in offered:
+            self._refuse(400, "BadRequest", f"pods/exec over SPDY speaks {SPDY_PROTOCOL} only, not {offered}")
+            return
+        self.protocol = f"spdy/{SPDY_PROTOCOL}"
+        self.state.protocols.append(self.protocol)
+        self.state.containers.add(self.get_argument("container", ""))
+        self._auto_finish = False  # the connection is the SPDY session's from here
+        stream = self.request.connection.detach()
+        stream.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
+            + f"X-Stream-Protocol-Version: {SPDY_PROTOCOL}\r\n\r\n".encode()
+        )
+        wanted = {"error"} | {kind for kind in ("stdin", "stdout", "stderr") if self.get_argument(kind, "") == "true"}
+        session = SpdyExec(stream, self.state.pods[(namespace, name)], self.get_arguments("command"), wanted)
+        self.state.spdy.append(session)
+        try:
+            await session.run()
+        finally:
+            self.state.spdy.remove(session)
 
     async def get(self, namespace: str, name: str) -> None:
         self.state.requests.append(f"EXEC {namespace}/{name}")
+        offered = [v.strip() for v in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
         if not self._refused(namespace, name):
+            if not set(offered) & set(self.state.exec_protocols):  # an older server: kubectl then tries SPDY
+                self._refuse(400, "BadRequest", f"unable to upgrade: none of the protocols {offered} is spoken here")
+                return
             await super().get(namespace, name)
 
     def _refused(self, namespace: str, name: str) -> bool:
@@ -246,7 +282,8 @@ class ExecHandler(tornado.websocket.WebSocketHandler):
         self.finish(json.dumps(_status(code, reason, message)))
 
     def select_subprotocol(self, subprotocols: list[str]) -> str | None:
-        for wanted in ("v5.channel.k8s.io", "v4.channel.k8s.io"):
+        self.state.offered.append(list(subprotocols))
+        for wanted in self.state.exec_protocols:
             if wanted in subprotocols:
                 self.protocol = wanted
                 return wanted
@@ -307,7 +344,7 @@ class ExecHandler(tornado.websocket.WebSocketHandler):
         channel, data = message[0], message[1:]
         if channel == STDIN and data:
             self.proc.stdin.write(data)
-        elif channel == CLOSE and data[:1] == bytes([STDIN]):
+        elif channel == CLOSE and data[:1] == bytes([STDIN]) and self.protocol == "v5.channel.k8s.io":
             self.proc.stdin.close()
 
     def on_close(self) -> None:
@@ -322,6 +359,151 @@ class ExecHandler(tornado.websocket.WebSocketHandler):
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _spdy_dictionary() -> bytes:
+    """SPDY/3's zlib dictionary for header blocks: taken from the ``kubectl`` this stand-in talks to (its SPDY
+    client holds it, byte for byte), so that the two agree by construction."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "no kubectl on PATH"
+    data = Path(kubectl).read_bytes()
+    start = data.find(b"\x00\x00\x00\x07options\x00\x00\x00\x04head")
+    dictionary = data[start : start + 1423]  # SPDY/3's dictionary is 1423 bytes, ending ",enq=0."
+    assert start >= 0 and dictionary.endswith(b",enq=0."), "kubectl holds no SPDY/3 header dictionary"
+    return dictionary
+
+
+SPDY_PROTOCOL = "v4.channel.k8s.io"
+#: SPDY/3 frame types this session reads or writes.
+SYN_STREAM, SYN_REPLY, RST_STREAM, SETTINGS, PING, GOAWAY = 1, 2, 3, 4, 6, 7
+FLAG_FIN = 0x01
+
+
+class SpdyExec:
+    """One ``pods/exec`` over SPDY/3.1: kubectl opens a stream per channel (``streamType``: error, stdin, stdout,
+    stderr), each answered with a SYN_REPLY; the command's output goes out as data frames on its stream, a FIN on
+    stdin closes its input (which the WebSocket ``v4`` cannot say), and the exit status goes as a ``Status`` on the
+    error stream, after which every stream is finished and the connection closed."""
+
+    def __init__(self, stream: Any, pod: Pod, command: list[str], wanted: set[str]) -> None:
+        self.stream = stream
+        self.pod = pod
+        self.command = command
+        self.wanted = wanted
+        dictionary = _spdy_dictionary()
+        self.inflate = zlib.decompressobj(zdict=dictionary)
+        self.deflate = zlib.compressobj(zdict=dictionary)
+        self.streams: dict[str, int] = {}
+        self.proc: asyncio.subprocess.Process | None = None
+
+    def _control(self, kind: int, flags: int, data: bytes) -> None:
+        self.stream.write(struct.pack(">HHI", 0x8000 | 3, kind, (flags << 24) | len(data)) + data)
+
+    def _data(self, kind: str, data: bytes, flags: int = 0) -> None:
+        self.stream.write(struct.pack(">II", self.streams[kind], (flags << 24) | len(data)) + data)
+
+    def _headers(self, block: bytes) -> dict[str, str]:
+        raw = self.inflate.decompress(block)
+        count, at, headers = struct.unpack(">I", raw[:4])[0], 4, {}
+        for _ in range(count):
+            (size,) = struct.unpack(">I", raw[at : at + 4])
+            key = raw[at + 4 : at + 4 + size].decode().lower()
+            at += 4 + size
+            (size,) = struct.unpack(">I", raw[at : at + 4])
+            headers[key] = raw[at + 4 : at + 4 + size].decode()
+            at += 4 + size
+        return headers
+
+    async def run(self) -> None:
+        try:
+            while True:
+                head = await self.stream.read_bytes(8)
+                length = int.from_bytes(head[5:8], "big")
+                flags = head[4]
+                data = await self.stream.read_bytes(length) if length else b""
+                if head[0] & 0x80:
+                    await self._on_control(int.from_bytes(head[2:4], "big"), flags, data)
+                else:
+                    self._on_data(int.from_bytes(head[:4], "big") & 0x7FFFFFFF, flags, data)
+        except tornado.iostream.StreamClosedError:
+            pass
+        finally:
+            self.kill()
+
+    async def _on_control(self, kind: int, flags: int, data: bytes) -> None:
+        if kind == SYN_STREAM:
+            stream_id = struct.unpack(">I", data[:4])[0] & 0x7FFFFFFF
+            headers = self._headers(data[10:])
+            self.streams[headers.get("streamtype", "")] = stream_id
+            block = self.deflate.compress(struct.pack(">I", 0)) + self.deflate.flush(zlib.Z_SYNC_FLUSH)
+            self._control(SYN_REPLY, 0, struct.pack(">I", stream_id) + block)
+            if self.proc is None and self.wanted <= set(self.streams):
+                await self._start()
+        elif kind == PING:
+            self._control(PING, 0, data)
+        elif kind == GOAWAY:
+            self.stream.close()
+        elif kind == RST_STREAM and self.streams.get("stdin") == struct.unpack(">I", data[:4])[0] & 0x7FFFFFFF:
+            self._close_stdin()
+
+    def _on_data(self, stream_id: int, flags: int, data: bytes) -> None:
+        if stream_id != self.streams.get("stdin") or self.proc is None or self.proc.stdin is None:
+            return
+        if data:
+            self.proc.stdin.write(data)
+        if flags & FLAG_FIN:
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+
+    async def _start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.pod.runs_in, *self.command,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, env={**os.environ, **self.pod.env},
+        )  # fmt: skip
+        self._pump = asyncio.ensure_future(self._carry_out())
+
+    async def _carry_out(self) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+
+        async def carry(source: asyncio.StreamReader, kind: str) -> None:
+            while data := await source.read(1 << 16):
+                if kind in self.streams:
+                    self._data(kind, data)
+            if kind in self.streams:
+                self._data(kind, b"", FLAG_FIN)
+
+        try:
+            await asyncio.gather(carry(proc.stdout, "stdout"), carry(proc.stderr, "stderr"))
+            code = await proc.wait()
+            if code == 0:
+                status: dict[str, Any] = {"status": "Success"}
+            else:
+                cause = {"reason": "ExitCode", "message": str(code)}
+                status = {"status": "Failure", "reason": "NonZeroExitCode", "details": {"causes": [cause]},
+                          "message": f"command terminated with non-zero exit code: exit status {code}"}  # fmt: skip
+            body = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, **status}).encode()
+            self._data("error", body, FLAG_FIN)
+            await self.stream.write(b"")
+            self._control(GOAWAY, 0, struct.pack(">II", 0, 0))
+            await asyncio.sleep(0.1)
+        except tornado.iostream.StreamClosedError:
+            pass
+        finally:
+            self.stream.close()
+
+    def kill(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.stream.close()
 
 
 class StandInAPIServer:
@@ -380,6 +562,8 @@ class StandInAPIServer:
             for handler in list(self.state.execs):
                 handler._kill()
                 handler.close()
+            for session in list(self.state.spdy):
+                session.kill()
             if self._server is not None:
                 self._server.stop()
                 await self._server.close_all_connections()

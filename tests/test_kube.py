@@ -1,12 +1,13 @@
 """``%cluster connect k8s:NAMESPACE/RAYCLUSTER`` with the real ``kubectl``, against a stand-in API server.
 
 No Kubernetes runs here: :mod:`tests.kube` speaks the API server's protocol to the ``kubectl`` on this machine
-(discovery, pods by KubeRay's labels, events, ``pods/exec`` over WebSocket). The RayCluster's head "pod" is a
-network-namespace host (10.213.0.2) where Ray runs; the stand-in's exec runs each command there
-(``ip netns exec``). Checked: cells of every kind through ``kubectl exec``, the dashboard forwarded, the exec
-stream cut by an API server restart mid-cell and resumed with nothing lost or repeated, and each way the attach
-can fail said as such (no RayCluster, a head pod pending with its events, ``pods/exec`` forbidden with the rule
-to ask for, the head pod replaced, no ``kubectl``).
+(discovery, pods by KubeRay's labels, events, ``pods/exec`` over WebSocket ``v5`` and SPDY ``v4``). The
+RayCluster's head "pod" is a network-namespace host (10.213.0.2) where Ray runs; the stand-in's exec runs each
+command there (``ip netns exec``). Checked: cells of every kind through ``kubectl exec``, the dashboard forwarded,
+the exec stream cut by an API server restart mid-cell and resumed with nothing lost or repeated (over either
+protocol), Ray's token from the container's environment, a replaced head pod named and the new one attached, and
+each way the attach can fail said as such (no RayCluster, a head pod pending with its events, ``pods/exec``
+forbidden with the rule to ask for, a head container without the Python asked for, no ``kubectl``).
 """
 
 # Test parameters named after the imported fixtures redefine them, as pytest intends.
@@ -26,9 +27,10 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster._kube import KubeError
+from jupyter_cluster._ssh import HeadError
 
 from .conftest import attached, check_exactly_once, counting
-from .kube import Pod, StandInAPIServer
+from .kube import KubeState, Pod, StandInAPIServer
 from .sshd import free_port, ssh_hosts  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(600)
@@ -84,6 +86,7 @@ def raycluster(kube: StandInAPIServer, ssh_hosts: Any) -> Iterator[StandInAPISer
         state.rayclusters.clear()
         state.events.clear()
         state.exec_forbidden.clear()
+        state.exec_protocols = KubeState().exec_protocols
 
 
 def _attach(address: str, **kw: Any) -> jc.Cluster:
@@ -194,6 +197,32 @@ def test_rays_token_is_read_where_kuberays_auth_options_put_it(
             cluster.down(force=True)
     finally:
         aside.rename(token_file)
+
+
+def test_an_api_server_with_the_older_exec_protocol(raycluster: StandInAPIServer, ray_head: str) -> None:
+    """An API server without the WebSocket protocol ``v5.channel.k8s.io`` (before Kubernetes 1.30): ``kubectl``
+    falls back to SPDY/3.1 and ``v4.channel.k8s.io``. The agent is found, values go both ways, cells run, and a cut
+    stream is resumed with nothing lost or repeated."""
+    raycluster.state.exec_protocols = ()
+    raycluster.state.protocols.clear()
+    cluster = _attach(ray_head)
+    try:
+        assert set(raycluster.state.protocols) == {"spdy/v4.channel.k8s.io"}, raycluster.state.protocols
+        assert cluster.run_cell("6 * 7").result(120).value == 42
+        handle = cluster.put(b"v4" * 100_000)
+        assert cluster.get(handle) == b"v4" * 100_000
+        cell = cluster.run_cell(SOURCE)
+        time.sleep(2)
+        raycluster.stop()
+        raycluster.start()
+        check_exactly_once(cell, LINES)
+    finally:
+        cluster.down(force=True)
+
+
+def test_a_head_container_without_that_python(raycluster: StandInAPIServer) -> None:
+    with pytest.raises(HeadError, match="there is no Python at '/no/such/python' on the head: pass --python"):
+        jc.connect(f"k8s:{NAMESPACE}/{CLUSTER}", python="/no/such/python")
 
 
 def test_no_such_raycluster(kube: StandInAPIServer) -> None:
