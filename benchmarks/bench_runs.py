@@ -75,7 +75,7 @@ trainer = TorchTrainer(
     run_config=RunConfig(storage_path=os.path.expanduser("~/ray_results/bench")),
 )
 if same_setup:
-    from jupyter_cluster.agent._train import _without_cleaner
+    from jupyter_cluster.agent.runs._train import _without_cleaner
     _without_cleaner(trainer)
 start = time.perf_counter()
 trainer.fit()

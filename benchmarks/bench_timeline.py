@@ -1,8 +1,8 @@
 """A cell's timeline at a million items: how long ``jc.timeline`` takes, and how many spans it draws.
 
 A ``--map`` of ``--items`` tiny items runs on the embedded cluster; once it ended, the timeline is asked for (it
-waits until Ray's task events of the cell are all in: see ``jupyter_cluster.agent._timeline``), then drawn as the
-notebook draws it (the Bokeh Gantt and its SVG picture).
+waits until Ray's task events of the cell are all in: see ``jupyter_cluster.agent.watching._timeline``), then
+drawn as the notebook draws it (the Bokeh Gantt and its SVG picture).
 
     python benchmarks/bench_timeline.py --items 1000000
 """

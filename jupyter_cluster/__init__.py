@@ -39,7 +39,7 @@ from ._runs import Checkpoint, Run, RunError, TrainResult, TuneResult, train_tor
 from ._sync import SyncError, SyncResult
 from ._version import __version__ as __version__
 from ._views import use as _use_views
-from .agent._space import SpaceError, choice, grid_search, loguniform, randint, uniform
+from .agent.runs._space import SpaceError, choice, grid_search, loguniform, randint, uniform
 from .widgets import NotebookViews as _NotebookViews
 
 if TYPE_CHECKING:

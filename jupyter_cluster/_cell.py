@@ -37,7 +37,7 @@ from ._handles import HandleOwner, ObjectHandle
 from ._inputs import InputLedger, ShippedInputs
 from ._modules import LazyModule
 from ._prompts import answer_questions, wait
-from .agent._execute import CellOutcome, CellSpec, MapChunk, MapOutput, OutputInfo
+from .agent.cells._execute import CellOutcome, CellSpec, MapChunk, MapOutput, OutputInfo
 
 if TYPE_CHECKING:
     from ._link import AgentLink

@@ -45,7 +45,7 @@ from ._local import EmbeddedAgent
 from ._modules import NotebookModules
 from ._status import ClusterLogs, ClusterStatus
 from ._views import ProgressView
-from .agent._execute import CellSpec, cell_filename
+from .agent.cells._execute import CellSpec, cell_filename
 
 #: Outputs larger than this stay on the cluster behind a handle.
 DEFAULT_THRESHOLD = 1 << 20

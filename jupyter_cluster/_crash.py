@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import signal
 
-from .agent._deaths import CRASH_FILE
+from .agent.watching._deaths import CRASH_FILE
 
 #: What Python's faulthandler writes first: "Fatal Python error: Segmentation fault".
 _FATAL = re.compile(r"Fatal Python error: (.+)")

@@ -4,7 +4,7 @@ Ray installs and sets up what a runtime environment names on each node that runs
 (its own mechanism: a virtualenv per package set, cached by Ray); this module only builds
 the dict from the magics' options and checks its shape in the notebook, so that a typo is
 a usage error before anything is sent. The agent merges a cell's environment into its
-session's (see ``agent/_environment.py``) and Ray checks the rest.
+session's (see ``agent/cells/_environment.py``) and Ray checks the rest.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from .agent._errors import ClusterError
-from .agent._execute import RemoteFailure, cell_filename
+from .agent.cells._execute import RemoteFailure, cell_filename
 
 RED, GREEN, CYAN, BOLD, RESET = "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[1m", "\x1b[0m"
 

@@ -1,7 +1,7 @@
 """The cluster's metrics in the kernel: one subscription to the agent, shared by every widget.
 
 The first widget that subscribes sends the agent a ``watch_metrics`` request; its events
-are deltas (see :mod:`.agent._sampler`), merged here into each shown node's latest state,
+are deltas (see :mod:`.agent.watching._sampler`), merged here into each shown node's latest state,
 the cluster's totals (all its nodes, summed on the agent or by Prometheus), where the
 figures come from, and a short history of the totals. When the last widget unsubscribes, the feed
 sends ``unwatch_metrics`` and the agent stops sampling. Callbacks run on the link's
@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .agent._metrics import NodeSample, totals
+from .agent.watching._metrics import NodeSample, totals
 
 if TYPE_CHECKING:
     from ._cluster import Cluster

@@ -18,7 +18,7 @@ import threading
 
 from ._crash import CRASH_FILE, how_it_ended
 from ._errors import ClusterConnectionError
-from .agent._deaths import oom_kills  # the kernel's and its agent's cgroup: the same reading
+from .agent.watching._deaths import oom_kills  # the kernel's and its agent's cgroup: the same reading
 
 START_TIMEOUT = 180.0
 

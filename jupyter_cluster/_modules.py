@@ -5,7 +5,7 @@ notebook's own (``helpers.py`` beside the notebook, a local package, anything im
 from outside the Python installation's folders) exists only here, so a cell that needs
 it gets its source: when the cell reads it, imports it, or reads a value whose pickle
 names it (a function ``from helpers import f``, an object of ``helpers.Point``).
-The cluster installs it under its own name (:mod:`.agent._sources`). A local package
+The cluster installs it under its own name (:mod:`.agent.cells._sources`). A local package
 with compiled code, or too large to send, cannot travel: the cell is refused, naming it.
 
 The other way, a module a remote cell imports that this kernel has not loaded becomes
@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._errors import InputError
-from .agent._sources import ModuleSource
+from .agent.cells._sources import ModuleSource
 
 #: A package larger than this (in source) is not sent with cells.
 MAX_SOURCE = 8 << 20

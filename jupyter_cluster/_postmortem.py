@@ -1,6 +1,6 @@
 """``%debug`` after a failed ``%%remote`` cell: pdb on the frames where the remote code raised.
 
-The worker sent a snapshot of the user's frames with the failure (:mod:`.agent._snapshot`). Here
+The worker sent a snapshot of the user's frames with the failure (:mod:`.agent.cells._snapshot`). Here
 those frames are made again as real Python frames: for each, a function of the same name and
 arguments, compiled under the remote file's name so that its line numbers are the remote ones,
 holding the remote values as its locals and the globals its code names, each calling the next
@@ -25,7 +25,7 @@ import types
 from typing import Any
 
 from ._errors import RemoteError
-from .agent._snapshot import FrameSnapshot, Value
+from .agent.cells._snapshot import FrameSnapshot, Value
 
 
 class _Raised(Exception):

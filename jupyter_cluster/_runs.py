@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, cast
 from . import _views
 from ._errors import CellInterrupted, ClusterError, InputError, RemoteError, remote_error
 from ._handles import format_duration, format_metric
-from .agent._runs import flat
-from .agent._space import SpaceError, check
+from .agent.runs._runs import flat
+from .agent.runs._space import SpaceError, check
 
 if TYPE_CHECKING:
     from ._cell import RemoteCell
@@ -301,8 +301,10 @@ class Run:
 
 
 #: The cell a run is: the runner on the head, with the run's inputs as its namespace.
-TRAIN_SOURCE = "from jupyter_cluster.agent._train import run_train\n_jc_summary = run_train(_jc_train_func, _jc_spec)\n"
-TUNE_SOURCE = "from jupyter_cluster.agent._tune import run_tune\n_jc_summary = run_tune(_jc_trainable, _jc_spec)\n"
+TRAIN_SOURCE = (
+    "from jupyter_cluster.agent.runs._train import run_train\n_jc_summary = run_train(_jc_train_func, _jc_spec)\n"
+)
+TUNE_SOURCE = "from jupyter_cluster.agent.runs._tune import run_tune\n_jc_summary = run_tune(_jc_trainable, _jc_spec)\n"
 
 
 def _culprit(value: Any, depth: int = 0, seen: set[int] | None = None) -> str | None:

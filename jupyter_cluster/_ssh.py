@@ -273,11 +273,21 @@ async def _passphrase(asking: Asking, filename: str) -> str | None:
 BOOT = (_AGENT_DIR / "_boot.py").read_text()
 
 
+def agent_modules() -> list[str]:
+    """The agent's modules, as paths inside ``jupyter_cluster/agent`` (``cells/_execute.py``): what is shipped to a
+    head that lacks this version (the embedded cluster's ``_site`` stays here)."""
+    return sorted(
+        path.relative_to(_AGENT_DIR).as_posix()
+        for path in _AGENT_DIR.rglob("*.py")
+        if path.parent.name not in ("_site", "__pycache__")
+    )
+
+
 def agent_fingerprint() -> str:
     """Content hash of the agent's modules: a shipped copy is reused only if identical."""
     digest = hashlib.blake2b(digest_size=6)
-    for path in sorted(_AGENT_DIR.glob("*.py")):
-        digest.update(path.name.encode() + path.read_bytes())
+    for name in agent_modules():
+        digest.update(name.encode() + (_AGENT_DIR / name).read_bytes())
     return digest.hexdigest()
 
 
@@ -345,11 +355,15 @@ class RemoteHead:
         """Copy the agent's modules into ``lib`` (a per-version folder) over SFTP."""
         marker = f"{lib}/jupyter_cluster/agent/.complete"
         stub = f'"""The agent\'s modules, shipped to this head."""\n\n__version__ = "{version}"\n'
+        modules = agent_modules()
         async with self.conn.start_sftp_client() as sftp:
-            await sftp.makedirs(f"{lib}/jupyter_cluster/agent", exist_ok=True)
+            for folder in sorted({posixpath.dirname(name) for name in modules}):
+                await sftp.makedirs(posixpath.join(f"{lib}/jupyter_cluster/agent", folder), exist_ok=True)
             async with sftp.open(f"{lib}/jupyter_cluster/__init__.py", "w") as f:
                 await f.write(stub)
-            await sftp.put([str(p) for p in sorted(_AGENT_DIR.glob("*.py"))], f"{lib}/jupyter_cluster/agent/")
+            for folder in sorted({posixpath.dirname(name) for name in modules}):
+                paths = [str(_AGENT_DIR / name) for name in modules if posixpath.dirname(name) == folder]
+                await sftp.put(paths, posixpath.join(f"{lib}/jupyter_cluster/agent", folder) + "/")
             async with sftp.open(marker, "w") as f:
                 await f.write(agent_fingerprint())
 
@@ -405,7 +419,7 @@ class RemoteHead:
 
     async def start_ray(self, arguments: str, env: dict[str, str], timeout: float = 180.0) -> Any:
         # Ray's log monitor looks for new workers' files every 0.1 s, not 0.5 s: a worker's first lines then reach
-        # the cell that started the work before the cell ends (see agent/_logs.py).
+        # the cell that started the work before the cell ends (see agent/cells/_logs.py).
         env = {"LOG_NAME_UPDATE_INTERVAL_S": "0.1", **env}
         env_words = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         return await self.run(f"{env_words} {self.ray_cli(arguments)}", timeout=timeout)

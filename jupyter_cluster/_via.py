@@ -30,7 +30,7 @@ from typing import Any
 from ._crash import how_it_ended
 from ._errors import ClusterConnectionError
 from ._prompts import Terminal
-from ._ssh import _AGENT_DIR, HeadError, RemoteHead, agent_fingerprint
+from ._ssh import _AGENT_DIR, HeadError, RemoteHead, agent_fingerprint, agent_modules
 
 #: Stderr lines of a failed command that an error quotes.
 STDERR_LINES = 8
@@ -248,8 +248,8 @@ class CommandHead(RemoteHead):
             info = tarfile.TarInfo("jupyter_cluster/__init__.py")
             info.size = len(stub)
             tar.addfile(info, io.BytesIO(stub))
-            for path in sorted(_AGENT_DIR.glob("*.py")):
-                tar.add(str(path), arcname=f"jupyter_cluster/agent/{path.name}")
+            for name in agent_modules():
+                tar.add(str(_AGENT_DIR / name), arcname=f"jupyter_cluster/agent/{name}")
         argv = [self.via.python, "-c", UNPACK, lib, agent_fingerprint()]
         done = await self.run(shlex.join(argv), stdin=buffer.getvalue())
         if done.exit_status != 0:

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from jupyter_cluster.agent._metrics import keep_drawn
+from jupyter_cluster.agent.watching._metrics import keep_drawn
 
 DATA = Path(__file__).resolve().parent / "data"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

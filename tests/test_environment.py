@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 
 import jupyter_cluster as jc
 from jupyter_cluster import _environment
-from jupyter_cluster.agent import _environment as agent_env
+from jupyter_cluster.agent.cells import _environment as agent_env
 
 from .conftest import remote, run
 

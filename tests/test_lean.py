@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import jupyter_cluster as jc
-from jupyter_cluster.agent import _lean
+from jupyter_cluster.agent.runs import _lean
 
 from .test_runs import kinds_started, run_actors_ever_started
 

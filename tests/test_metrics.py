@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_cluster.agent import _metrics
-from jupyter_cluster.agent._metrics import LineCache, changes, keep_drawn, summarize, totals
+from jupyter_cluster.agent.watching import _metrics
+from jupyter_cluster.agent.watching._metrics import LineCache, changes, keep_drawn, summarize, totals
 
 DATA = Path(__file__).parent / "data"
 IDLE = (DATA / "ray_metrics_idle.txt").read_text()

@@ -21,8 +21,8 @@ import pytest
 
 import jupyter_cluster as jc
 from jupyter_cluster import InputError
-from jupyter_cluster.agent._metrics import summarize
-from jupyter_cluster.agent._sampler import SHOWN, MetricsSampler
+from jupyter_cluster.agent.watching._metrics import summarize
+from jupyter_cluster.agent.watching._sampler import SHOWN, MetricsSampler
 
 from .prometheus import DATA, PROMETHEUS, PrometheusServer, SimulatedNodes, address
 

@@ -13,7 +13,6 @@ import cloudpickle
 import pytest
 
 import jupyter_cluster as jc
-from jupyter_cluster.agent._execute import CellSpec
 from jupyter_cluster.agent._protocol import (
     OOB_MIN,
     Frame,
@@ -29,6 +28,7 @@ from jupyter_cluster.agent._protocol import (
     serve_unix_frames,
     write_frame,
 )
+from jupyter_cluster.agent.cells._execute import CellSpec
 
 
 # Framing and outbox, no Ray --------------------------------------------------------

@@ -1,7 +1,7 @@
 """The training and trial widgets, fed the events a run sends (no cluster needed).
 
-The events are those the agent's runner and workers emit (see ``agent/_train.py`` and
-``agent/_tune.py``); the widgets' Bokeh documents are watched for how they change:
+The events are those the agent's runner and workers emit (see ``agent/runs/_train.py`` and
+``agent/runs/_tune.py``); the widgets' Bokeh documents are watched for how they change:
 rows are streamed and patched, never replaced, at the view's tick (``redraw``), with its
 table.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_cluster.agent._execute import RemoteFailure
+from jupyter_cluster.agent.cells._execute import RemoteFailure
 from jupyter_cluster.widgets._training import TrainingView
 from jupyter_cluster.widgets._trials import TrialsView
 

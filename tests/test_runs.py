@@ -146,7 +146,7 @@ kinds = ("RayTrainWorker", "TrainController", "ImplicitFunc", "SynchronizationAc
 started = sorted((a["ActorClassName"], a["ActorID"]) for a in state.actors().values()
                  if any(k in a["ActorClassName"] for k in kinds))
 """
-#: A lean run's helpers, left out on a cluster without an autoscaler and in a run without datasets (agent/_lean.py).
+#: A lean run's helpers, left out without an autoscaler and in a run without datasets (agent/runs/_lean.py).
 LEFT_OUT = ("PreemptionWatcher", "_AutoscalingCoordinatorActor", "DatasetManager")
 
 

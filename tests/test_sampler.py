@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_cluster.agent._sampler import MetricsSampler
+from jupyter_cluster.agent.watching._sampler import MetricsSampler
 
 IDLE = (Path(__file__).parent / "data" / "ray_metrics_idle.txt").read_bytes()
 
@@ -194,7 +194,7 @@ def test_a_sampler_outside_a_ray_driver_neither_starts_nor_joins_a_cluster() -> 
     that cluster ends: a sampler in a process with Ray imported but not connected must not touch it."""
     code = (
         "import asyncio, ray\n"
-        "from jupyter_cluster.agent._sampler import MetricsSampler\n"
+        "from jupyter_cluster.agent.watching._sampler import MetricsSampler\n"
         "async def main():\n"
         "    sampler = MetricsSampler(asyncio.get_running_loop(), list_nodes=lambda: [])\n"
         "    own = sampler._own_node()\n"

@@ -12,8 +12,8 @@ from IPython.core.error import UsageError
 
 import jupyter_cluster as jc
 from jupyter_cluster import _sync
-from jupyter_cluster.agent._objects import CellRequestError
-from jupyter_cluster.agent._sync import safe_rel
+from jupyter_cluster.agent.cells._objects import CellRequestError
+from jupyter_cluster.agent.link._sync import safe_rel
 
 from .conftest import remote, run
 

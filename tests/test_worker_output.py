@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import jupyter_cluster as jc
-from jupyter_cluster.agent import _logs
+from jupyter_cluster.agent.cells import _logs
 
 from .conftest import remote
 from .kernel import attach_second, text
@@ -297,7 +297,7 @@ def test_a_childs_whole_lines_never_land_inside_the_cells_partial_line() -> None
     """``print("spawn", pool.map(...))`` writes ``spawn``, then the rest; the children's lines, read from the
     driver's descriptor a moment late, come between those writes (seen in a full run: ``spawn child squares 2``).
     They go before the partial line, which stays whole; a later partial line of the cell's own is kept as written."""
-    from jupyter_cluster.agent._execute import CellOutput
+    from jupyter_cluster.agent.cells._execute import CellOutput
 
     sent: list[list[tuple[str, Any]]] = []
     output = CellOutput(lambda index, batch: sent.append(batch), interval=60.0)

@@ -128,7 +128,7 @@ def init_ray(args: argparse.Namespace) -> None:
         use_token_auth(args.address)
     ray = import_ray()
 
-    from ._logs import SETUP_HOOK
+    from .cells._logs import SETUP_HOOK
 
     # Workers' lines come to the agent, which routes each to the cell that started the work (see ._logs);
     # every worker of its job marks its output by task (Ray's worker_process_setup_hook).
@@ -140,7 +140,7 @@ def init_ray(args: argparse.Namespace) -> None:
         "runtime_env": runtime_env,
     }
     if args.local:
-        from ._logs import LOG_SCAN
+        from .cells._logs import LOG_SCAN
 
         os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", LOG_SCAN)  # Ray's log monitor, started by ray.init
         # Every Python process of the embedded cluster (its raylet is a child of this one) imports Ray without the
@@ -217,8 +217,8 @@ def init_ray(args: argparse.Namespace) -> None:
     from ray._private import worker
 
     worker.global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
-    from ._output import start_relay
     from ._sizing import small_machine
+    from .cells._output import start_relay
 
     # A worker per CPU, on the embedded cluster (a small container's idle workers end at once), and the output
     # relay warm up while the agent starts serving; the first cell waits for them only if it comes first
@@ -515,7 +515,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         emit("done", sampler.unwatch(body["watch"]), final=True)
 
     async def metrics_source(body: dict[str, Any], session: Any, emit: Any) -> None:
-        from ._prometheus import PrometheusError
+        from .watching._prometheus import PrometheusError
 
         try:
             emit("done", await sampler.use(body.get("prometheus")), final=True)
@@ -523,7 +523,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
             emit("error", {"message": str(exc)}, final=True)
 
     async def checkpoint_files(body: dict[str, Any], session: Any, emit: Any) -> None:
-        from ._train import read_checkpoint
+        from .runs._train import read_checkpoint
 
         loop = asyncio.get_running_loop()
         emit("done", await loop.run_in_executor(None, read_checkpoint, body["path"]), final=True)
@@ -540,7 +540,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
     async def shutdown(body: dict[str, Any], session: Any, emit: Any) -> None:
         answer: Any = True
         if body.get("stop_started"):  # a cluster that outlives the agent: stop what the cells started
-            from ._owned import stop_started
+            from .cells._owned import stop_started
 
             loop = asyncio.get_running_loop()
             try:
@@ -603,9 +603,9 @@ async def watch(server: Any, args: argparse.Namespace) -> None:
 async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     """Serve the socket until told to stop. Driver cells go to ``driver`` (the main
     thread's); ``stop`` receives the callable that stops the server from any thread."""
-    from ._cells import CellRunner
-    from ._sampler import MetricsSampler
-    from ._server import AgentServer
+    from .cells._cells import CellRunner
+    from .link._server import AgentServer
+    from .watching._sampler import MetricsSampler
 
     secret = os.environ.pop("JUPYTER_CLUSTER_SECRET", "")
     if args.secret_file:
@@ -615,9 +615,9 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
     loop = asyncio.get_running_loop()
     runner = CellRunner(loop, driver)
     runner.warm = WARMED
-    from . import _logs, _progress
-    from ._environment import Environments
-    from ._sync import SyncedFolders
+    from .cells import _logs, _progress
+    from .cells._environment import Environments
+    from .link._sync import SyncedFolders
 
     runner.envs = Environments([os.path.join(args.ship, "jupyter_cluster")] if args.ship else [])
     runner.synced = SyncedFolders(os.path.join(os.path.dirname(os.path.abspath(args.socket)), "synced"), runner.envs)
@@ -638,7 +638,7 @@ async def serve(args: argparse.Namespace, driver: Any, stop: list[Any]) -> None:
 
     log.info("serving on %s", args.socket)
     announce({"ready": True, "socket": args.socket, "pid": os.getpid(), "ray": ray.__version__, **TOOLS})
-    from ._fdout import PROCESS_OUTPUT
+    from .cells._fdout import PROCESS_OUTPUT
 
     PROCESS_OUTPUT.install()  # from now on, what a driver cell's child processes print goes to the cell
     watcher = asyncio.ensure_future(watch(server, args))
@@ -652,17 +652,17 @@ def run(args: argparse.Namespace, reaper: Reaper | None = None) -> None:
     """Serve on a thread of its own, and run driver cells on this (the main) thread,
     where an interrupt reaches them even inside a blocking call. ``reaper`` ends the
     agent when its graceful stop cannot (see :mod:`._reaper`)."""
-    from ._interrupt import MainThreadCells
+    from .cells._interrupt import MainThreadCells
 
     driver = MainThreadCells()
-    from . import _cellsource
-    from ._raycode import ScriptDriver
+    from .cells import _cellsource
+    from .cells._raycode import ScriptDriver
 
     # Ray code pasted into a driver cell: ray.init joins, ray.shutdown ends the script's work (see ._raycode).
     hint = "`%cluster down` and `%cluster local --cpus N --gpus N` start a bigger one" if args.local else ""
     ScriptDriver(lambda: threading.get_ident() == driver.main_ident and driver.current is not None, hint).install()
     _cellsource.install()
-    from ._owned import watch_serve
+    from .cells._owned import watch_serve
 
     watch_serve()  # the Serve applications the cells deploy are theirs to list and stop, not another notebook's
     stop: list[Any] = []
@@ -732,7 +732,7 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(os.path.dirname(log_file), mode=0o700, exist_ok=True)
     # A fatal signal (a C extension's segfault in a driver cell) leaves the stacks of the agent's threads beside
     # its socket, where the kernel reads where it hit (Ray enables faulthandler only where it is not already).
-    from ._deaths import CRASH_FILE
+    from .watching._deaths import CRASH_FILE
 
     crash = open(os.path.join(os.path.dirname(args.socket), CRASH_FILE), "w")  # noqa: SIM115 - for the process's life
     faulthandler.enable(crash, all_threads=True)
@@ -753,7 +753,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args, reaper)
     finally:
-        from ._raycode import original_shutdown
+        from .cells._raycode import original_shutdown
 
         original_shutdown()()
         # What Ray's stop left (a module process of its dashboard, started anew while it stopped) goes too.

@@ -22,7 +22,7 @@ import ipywidgets
 
 from .._feed import MetricsFeed, other_jobs_said, state_groups, system_said
 from .._handles import format_size
-from ..agent._metrics import NodeSample, totals
+from ..agent.watching._metrics import NodeSample, totals
 
 if TYPE_CHECKING:
     from .._cluster import Cluster

@@ -1,7 +1,7 @@
 """A cell's timeline, drawn: a Gantt of the tasks and actor calls it ran, a lane per worker.
 
 :class:`Timeline` holds the spans the agent read from Ray's task events (see
-``agent/_timeline.py``). It shows as a Bokeh Gantt (a lane per worker process, coloured by
+``agent/watching/_timeline.py``). It shows as a Bokeh Gantt (a lane per worker process, coloured by
 state, a hover with each span's name, duration and node) and, below it, the same as an SVG
 picture, which a saved notebook keeps (GitHub and nbviewer draw no Bokeh). ``spans`` gives them
 as a pandas DataFrame, ``to_chrome_trace(path)`` as the JSON that Perfetto and

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..agent._runs import flat
+from ..agent.runs._runs import flat
 from ._picture import Chart, Line, charts
 from ._run import PALETTE, STATE_COLORS, TABLE_STYLE, RunView, figure, fmt
 

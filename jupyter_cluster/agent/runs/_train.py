@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._output import PLACEMENT_GROUP
+from ..cells._output import PLACEMENT_GROUP
 from ._runs import (
     DEFAULT_STORAGE,
     Captured,
@@ -106,7 +106,7 @@ def wrap(
         import ray.train
         from ray.train.v2._internal.execution import train_fn_utils
 
-        from ._execute import failure_from
+        from ..cells._execute import failure_from
 
         context = ray.train.get_context()
         rank, world = context.get_world_rank(), context.get_world_size()
@@ -195,7 +195,7 @@ def _abort() -> None:
 def _checkpoint_info(checkpoint: Any, metrics: dict[str, Any] | None = None) -> dict[str, Any] | None:
     if checkpoint is None:
         return None
-    from ._remote import node_ip
+    from ..cells._remote import node_ip
 
     fs = getattr(checkpoint, "filesystem", None)
     return {
@@ -263,7 +263,7 @@ def run_train(train_func: Callable[..., Any] | None, spec: dict[str, Any]) -> di
             print(note, flush=True)
     send("train", {"type": "start", "time": time.time(), "num_workers": num_workers, "name": name})
     started = time.time()
-    from ._deaths import oom_kills
+    from ..watching._deaths import oom_kills
 
     kills = oom_kills()  # a worker the kernel kills for memory: named so, not as a failed health check
     summary: dict[str, Any] = {"name": name, "storage": storage, "node": ray.util.get_node_ip_address()}
@@ -299,7 +299,7 @@ def run_train_with(
 def _why(exc: BaseException, kills_before: int | None = None) -> str:
     """A training failure in a few lines: each failed worker's error, not Ray's wrapping; a worker that died for
     memory (see :func:`._deaths.memory_failure`; ``kills_before``: the kernel's OOM kills when the run started), so."""
-    from ._deaths import memory_failure
+    from ..watching._deaths import memory_failure
 
     failures = getattr(exc, "worker_failures", None)
     if failures:

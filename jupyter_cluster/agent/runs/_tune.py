@@ -110,7 +110,7 @@ def wrap(trainable: Any, relay: str, cell_id: str) -> Any:
     def trainable_in_notebook(config: dict[str, Any]) -> Any:
         from ray import tune
 
-        from ._execute import failure_from
+        from ..cells._execute import failure_from
 
         trial = tune.get_context().get_trial_id()
         send = Sender(relay, cell_id)
@@ -146,7 +146,7 @@ def _callback_class() -> type:
             self.with_metric = False
             self.results = 0
             self.stopped: set[str] = set()
-            from ._deaths import oom_kills
+            from ..watching._deaths import oom_kills
 
             self.kills = oom_kills()  # a trial's worker the kernel kills for memory: named so (see _trial_error)
 
@@ -215,7 +215,7 @@ def _callback_class() -> type:
 
 def _trial_error(trial: Any, kills_before: int | None = None) -> str:
     """A failed trial's error in a line (its worker's death for memory in words: see ._deaths.memory_failure)."""
-    from ._deaths import memory_failure
+    from ..watching._deaths import memory_failure
 
     error = getattr(trial, "error_file", None) or ""
     try:
@@ -329,7 +329,7 @@ def run_tune(trainable: Any, spec: dict[str, Any]) -> dict[str, Any]:
 def _error_line(error: BaseException | None, kills_before: int | None = None) -> str | None:
     if error is None:
         return None
-    from ._deaths import memory_failure
+    from ..watching._deaths import memory_failure
 
     memory = memory_failure(error, kills_before)
     if memory:
@@ -339,7 +339,7 @@ def _error_line(error: BaseException | None, kills_before: int | None = None) ->
 
 
 def _best_checkpoint(result: Any, metric: str, mode: str) -> dict[str, Any] | None:
-    from ._remote import node_ip
+    from ..cells._remote import node_ip
 
     checkpoint = None
     try:

@@ -35,8 +35,8 @@ try:
 except ImportError:  # a head without it: Ray carries its own copy
     from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 
+from .._protocol import Pickled
 from . import _breakpoint, _logs, _snapshot
-from ._protocol import Pickled
 from ._snapshot import FrameSnapshot
 from ._sources import ModuleSource
 
@@ -45,7 +45,7 @@ from ._sources import ModuleSource
 #: (data a str) or ``"display"`` (data a mime bundle).
 Sink = Callable[[int, list[tuple[str, Any]]], None]
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jupyter_cluster/agent: the agent's frames
 #: The values a failing ``--map`` item's snapshot may hold (a cell's may hold :data:`_snapshot.TOTAL_BYTES`).
 MAP_SNAPSHOT_BYTES = 2 << 20
 

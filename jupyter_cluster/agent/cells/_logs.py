@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import _raylog
-from ._deaths import EXIT_MARK
+from ..watching import _raylog
+from ..watching._deaths import EXIT_MARK
 from ._progress import RAY_TQDM_MAGIC
 
 log = logging.getLogger("jupyter_cluster.agent")
@@ -50,7 +50,7 @@ MARK_CHILD = ":jc_child:"
 #: The markers Ray's workers write themselves (a task's or actor's name, the job): no output of a task's.
 RAY_MARKS = (":task_name:", ":actor_name:", ":job_id:")
 #: The setup hook, as Ray's ``runtime_env`` names it.
-SETUP_HOOK = "jupyter_cluster.agent._logs.setup_worker"
+SETUP_HOOK = "jupyter_cluster.agent.cells._logs.setup_worker"
 #: Lines a second a cell shows of its workers' output, after a burst of :data:`BURST`; the rest go to the log.
 LINES_PER_SECOND = 200
 BURST = 2_000
@@ -280,7 +280,8 @@ def setup_worker() -> None:
             # Ray's own log records and warnings: marked as Ray's in the worker's stderr (whatever a run's
             # code later makes of sys.stderr), so that the agent keeps them out of the cells.
             _raylog.install(_raylog.marking_sink(sys.stderr))
-        from . import _breakpoint, _cellsource, _deaths
+        from ..watching import _deaths
+        from . import _breakpoint, _cellsource
 
         _cellsource.install()  # a traceback the user's code prints shows the lines of the cell that defined it
         _breakpoint.install(unnoted)  # breakpoint() in a cell stops it for the notebook (not Ray's debugger on a port)
@@ -359,7 +360,7 @@ class WorkerLines:
         self.ray_errors: dict[str, deque[str]] = {}
         #: Cell id -> how the notebook names it ("Cell In[5]"), for the log's lines (the latest TASKS_KEPT // 100).
         self.labels: OrderedDict[str, str] = OrderedDict()
-        from ._deaths import Deaths
+        from ..watching._deaths import Deaths
 
         self.deaths = Deaths()  # how workers said they died (an exit code, a fatal signal)
         self.lock = threading.RLock()  # (re-entered where Ray logs while a line is routed)

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._environment import Environments
-from ._objects import CellRequestError
+from ..cells._environment import Environments
+from ..cells._objects import CellRequestError
 
 log = logging.getLogger("jupyter_cluster.agent")
 

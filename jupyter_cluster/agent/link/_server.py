@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._protocol import (
+from .._protocol import (
     PROTOCOL_VERSION,
     Buffers,
     Frame,
@@ -178,7 +178,7 @@ class AgentServer:
             "session": name,
             "python": platform.python_version(),
             "executable": sys.executable,
-            "agent_path": os.path.dirname(os.path.abspath(__file__)),
+            "agent_path": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # jupyter_cluster/agent
             "ray": ray.__version__,
             "pid": os.getpid(),
             "last_seq": session.outbox.last_seq,
@@ -222,7 +222,7 @@ class AgentServer:
             body["id"] = request_id
             await handler(body, session, emit)
         except Exception as exc:
-            from ._objects import CellRequestError
+            from ..cells._objects import CellRequestError
 
             if isinstance(exc, CellRequestError):
                 emit("error", {"message": str(exc), "failure": exc.failure}, final=True)

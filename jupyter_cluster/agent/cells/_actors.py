@@ -29,7 +29,7 @@ from ._running import CANCEL_GRACE, CellHost, RunningCell
 log = logging.getLogger("jupyter_cluster.agent")
 
 #: What a run's actor imports ahead of time (see :meth:`ActorCells.start_spare`).
-RUN_MODULES = ("ray.train.torch", "ray.tune", "jupyter_cluster.agent._train", "jupyter_cluster.agent._tune")
+RUN_MODULES = ("ray.train.torch", "ray.tune", "jupyter_cluster.agent.runs._train", "jupyter_cluster.agent.runs._tune")
 #: A run (``jc.train_torch``, ``jc.tune``) stops its workers or trials itself when
 #: interrupted (Ray Train's abort removes its placement group): it gets this long.
 RUN_GRACE = 30.0
@@ -99,7 +99,7 @@ class ActorCells:
         It holds what a run's actor holds by default (no CPU: a local-mode run, which holds one,
         gets an actor of its own), and none is kept in a small container, where its 250 MiB and
         more of imports would wait idle beside the notebook's work."""
-        from ._sizing import small_machine
+        from .._sizing import small_machine
 
         if self._spare is None and not options.get("runtime_env") and not small_machine():
             self._spare = self._new_actor(f"run-spare-{time.monotonic_ns()}", {**options, **RUN_OPTIONS})

@@ -47,9 +47,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._sizing import own_memory
 from ._metrics import LineCache, NodeSample, changes, keep_drawn, summarize, totals
 from ._prometheus import DEFAULT_PROMETHEUS, PROMETHEUS_ENV, Prometheus, PrometheusError
-from ._sizing import own_memory
 
 log = logging.getLogger("jupyter_cluster.agent")
 

@@ -24,9 +24,9 @@ from typing import Any, Protocol, TypeVar
 
 import ray
 
+from ..watching._deaths import dead_on_this_node, memory_death
 from . import _cellsource
 from ._actors import ActorCells
-from ._deaths import dead_on_this_node, memory_death
 from ._driver import DriverCells
 from ._environment import Environments, is_setup_error, needs_setup, setup_failure, show_preparing
 from ._execute import CellOutcome, CellSpec, Pickled, RemoteFailure, cell_filename, failed_outputs, unwrap
@@ -165,7 +165,7 @@ class CellRunner:
 
     def timeline(self, cell_id: str) -> dict[str, Any]:
         """The tasks and actor calls cell ``cell_id`` ran (see ._timeline); run off the event loop."""
-        from ._timeline import RECENT, SETTLE, spans
+        from ..watching._timeline import RECENT, SETTLE, spans
 
         cell = self.running.get(cell_id)
         known = (

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from ._logs import unnoted
+from ..cells._logs import unnoted
 
 #: Where runs keep their results and checkpoints on the head, unless told otherwise.
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), "ray_results", "jupyter_cluster")
@@ -82,7 +82,7 @@ class Sender:
         self._pending: list[Any] = []
         self._lock = threading.Lock()
         if relay:
-            from . import _relays
+            from ..cells import _relays
 
             self.actor = _relays.relay(relay)
 
@@ -120,7 +120,7 @@ def current_sender() -> Sender:
 
 
 def relay_of_current() -> tuple[str, str]:
-    from ._remote import current_spec
+    from ..cells._remote import current_spec
 
     if current_spec is None:
         return "", ""
@@ -131,7 +131,7 @@ class StreamTo:
     """A text stream that sends whole lines as the cell's output, each line prefixed."""
 
     def __init__(self, sender: Sender, stream: int, kind: str, prefix: str) -> None:
-        from ._execute import CellOutput
+        from ..cells._execute import CellOutput
 
         self.prefix = prefix
         self.kind = kind

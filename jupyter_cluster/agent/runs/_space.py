@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ClusterError
+from .._errors import ClusterError
 
 #: Modules whose objects are search domains of other libraries, not values.
 FOREIGN = ("hyperopt", "optuna.distributions", "scipy.stats", "skopt.space", "nevergrad", "ConfigSpace")

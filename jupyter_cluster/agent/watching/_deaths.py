@@ -90,7 +90,7 @@ CRASH_FILE = "crash.txt"
 
 def oom_kills() -> int | None:
     """The kernel's OOM kills in this process's cgroup so far (v1 ``memory.oom_control``, v2 ``memory.events``)."""
-    from ._sizing import cgroup_files
+    from .._sizing import cgroup_files
 
     for limit_file in cgroup_files():
         folder = os.path.dirname(limit_file)
@@ -245,7 +245,7 @@ def memory_failure(error: BaseException | str, kills_before: int | None) -> str 
 
 
 def _own_memory_said() -> str:
-    from ._sizing import memory_limit, memory_used
+    from .._sizing import memory_limit, memory_used
 
     limit, used = memory_limit(), memory_used()
     if limit is None:
