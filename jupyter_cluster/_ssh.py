@@ -434,7 +434,8 @@ class RemoteHead:
         restarts a module that died, and starts a new forkserver for it if the old one died
         too; that forkserver is then a child nothing matched, and outlives the dashboard
         until its imports end. Before SIGKILL everything left is stopped (SIGSTOP), so
-        nothing forks between the last look and the kill."""
+        nothing forks between the last look and the kill, and the call returns once the killed are
+        gone (up to 5 s more)."""
         q = shlex.quote("|".join(f"({p})" for p in patterns))
         await self.run(
             'tree() { n="$*"; while [ -n "$n" ]; do printf "%s\\n" $n; '
@@ -444,7 +445,12 @@ class RemoteHead:
             "for i in $(seq 15); do sleep 0.2; alive=$(for p in $all; do kill -0 $p 2>/dev/null && echo $p; done); "
             '[ -z "$alive" ] && exit 0; all=$(tree $alive | sort -un); done; '
             "kill -STOP $all 2>/dev/null; all=$(tree $all | sort -un); kill -STOP $all 2>/dev/null; "
-            "kill -KILL $all 2>/dev/null; true"
+            "kill -KILL $all 2>/dev/null; "
+            # SIGKILL is delivered, not done: a process in the kernel (disk I/O on a loaded host) dies a moment
+            # later. Return once each is gone or a zombie its parent has yet to reap.
+            "for i in $(seq 50); do alive=$(for p in $all; do s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | "
+            'cut -c1); [ -n "$s" ] && [ "$s" != Z ] && echo $p; done); [ -z "$alive" ] && break; sleep 0.1; done; '
+            "true"
         )
 
 
