@@ -97,17 +97,29 @@ async def _head_token(head: RemoteHead) -> str:
     return token
 
 
+#: What ``ray start`` says when the raylet took longer than the 30 s Ray gives it to register (a constant of
+#: ``ray._private.node``): a busy head's start, which a second try usually gets through.
+STARTUP_TIMED_OUT = "timed out during startup"
+
+
 async def _start_head(head: RemoteHead, port: int) -> StartedRay:
     token = await _head_token(head)
-    temp = f"/tmp/jc-{secrets.token_hex(4)}"
-    done = await head.start_ray(
-        f"start --head --port {port} --dashboard-host 127.0.0.1 --temp-dir {temp} --disable-usage-stats "
-        f"{_node_ip(head.target)}",
-        {"RAY_AUTH_MODE": "token"},
-    )
-    match = re.search(r"--address='([^']+)'", str(done.stdout))
-    if done.exit_status != 0 or match is None:
+    for attempt in (1, 2):
+        temp = f"/tmp/jc-{secrets.token_hex(4)}"
+        done = await head.start_ray(
+            f"start --head --port {port} --dashboard-host 127.0.0.1 --temp-dir {temp} --disable-usage-stats "
+            f"{_node_ip(head.target)}",
+            {"RAY_AUTH_MODE": "token"},
+        )
+        match = re.search(r"--address='([^']+)'", str(done.stdout))
+        if done.exit_status == 0 and match is not None:
+            break
+        if attempt == 1 and STARTUP_TIMED_OUT in str(done.stderr):
+            log.warning("`ray start --head` on %s timed out during startup (a busy head); again", head.target.host)
+            await head.stop_ray("[" + temp[0] + "]" + re.escape(temp[1:]))  # what the first try left running
+            continue
         raise HeadError(f"`ray start --head` failed on {head.target.host}:\n{str(done.stderr)[-1500:]}")
+    assert match is not None
     link = await head.run(f"readlink {temp}/session_latest")
     session_name = str(link.stdout).strip().rsplit("/", 1)[-1]
     if not session_name.startswith("session_"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,28 +176,26 @@ def test_rays_token_is_read_where_kuberays_auth_options_put_it(
 ) -> None:
     """KubeRay's ``authOptions: {mode: token}`` gives the head container ``RAY_AUTH_MODE`` and ``RAY_AUTH_TOKEN``
     (from its Secret), and no ``~/.ray/auth_token``: the agent, started through ``kubectl exec``, joins with that
-    token; without it, Ray's refusal is said as such."""
+    token; without it, Ray's refusal is said as such. The container's home is a folder of its own (this machine's
+    ``~/.ray/auth_token``, which other test processes use, is left alone)."""
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)  # the kernel gives none: the container's is the one used
-    token_file = Path.home() / ".ray" / "auth_token"
-    token = token_file.read_text().strip()
-    aside = token_file.with_name("auth_token.kuberay-test")
+    token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    home = Path(tempfile.mkdtemp(prefix="jc-pod-home-"))  # short: the agent's socket is in it
     pod = raycluster.state.pods[(NAMESPACE, HEAD_POD)]
-    token_file.rename(aside)
+    pod.env = {"HOME": str(home)}
+    with pytest.raises(jc.ClusterConnectionError, match="token"):
+        _attach(ray_head)
+    pod.env = {"HOME": str(home), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    cluster = _attach(ray_head)
     try:
-        with pytest.raises(jc.ClusterConnectionError, match="token"):
-            _attach(ray_head)
-        pod.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-        cluster = _attach(ray_head)
-        try:
-            assert (
-                cluster.run_cell("import os\nos.environ['RAY_AUTH_TOKEN'] == " + repr(token), mode="driver")
-                .result(120)
-                .value
-            )
-        finally:
-            cluster.down(force=True)
+        said = cluster.run_cell(
+            "import os\nos.environ['HOME'], os.environ['RAY_AUTH_TOKEN'] == " + repr(token), mode="driver"
+        )
+        assert said.result(120).value == (str(home), True)
+        assert not (home / ".ray" / "auth_token").exists()
     finally:
-        aside.rename(token_file)
+        cluster.down(force=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_an_api_server_with_the_older_exec_protocol(raycluster: StandInAPIServer, ray_head: str) -> None:
