@@ -168,8 +168,8 @@ def _quick_login_client() -> Any:
     class Asks(asyncssh.SSHClient):
         """A server's password and keyboard-interactive questions (a one-time code), asked in the notebook."""
 
-        def __init__(self, asking: Asking) -> None:
-            self._asking = asking
+        def __init__(self, asking: Asking | None = None) -> None:
+            self._asking = asking or Asking("ssh", interactive=False)  # asyncssh's own factory call: none asked
 
         def password_auth_requested(self) -> Any:
             return self._asking.ask(f"{self._asking.who}'s password: ", secret=True)
