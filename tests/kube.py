@@ -212,6 +212,24 @@ class RayClusters(_Base):
         self.answer(found)
 
 
+async def _run_in_pod(pod: Pod, command: list[str]) -> asyncio.subprocess.Process:
+    """An exec's command, run where the pod's container is, with its environment, its streams piped."""
+    return await asyncio.create_subprocess_exec(
+        *pod.runs_in, *command,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True, env={**os.environ, **pod.env},
+    )  # fmt: skip
+
+
+def _kill_group(proc: asyncio.subprocess.Process | None) -> None:
+    """End an exec's command and what it started (it leads a session of its own)."""
+    if proc is not None and proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 class ExecHandler(tornado.websocket.WebSocketHandler):
     """``pods/exec``: the command, run where the pod's container is, its streams as the exec protocol's channels."""
 
@@ -296,11 +314,7 @@ class ExecHandler(tornado.websocket.WebSocketHandler):
         self.state.protocols.append(self.protocol)
         self.state.containers.add(self.get_argument("container", ""))
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *pod.runs_in, *command,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True, env={**os.environ, **pod.env},
-            )  # fmt: skip
+            self.proc = await _run_in_pod(pod, command)
         except OSError as exc:
             self._end({"status": "Failure", "message": str(exc), "reason": "InternalError"})
             return
@@ -353,12 +367,7 @@ class ExecHandler(tornado.websocket.WebSocketHandler):
             self.state.execs.remove(self)
 
     def _kill(self) -> None:
-        proc = self.proc
-        if proc is not None and proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _kill_group(self.proc)
 
 
 def _spdy_dictionary() -> bytes:
@@ -459,11 +468,7 @@ class SpdyExec:
             self.proc.stdin.close()
 
     async def _start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.pod.runs_in, *self.command,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, env={**os.environ, **self.pod.env},
-        )  # fmt: skip
+        self.proc = await _run_in_pod(self.pod, self.command)
         self._pump = asyncio.ensure_future(self._carry_out())
 
     async def _carry_out(self) -> None:
@@ -497,12 +502,7 @@ class SpdyExec:
             self.stream.close()
 
     def kill(self) -> None:
-        proc = self.proc
-        if proc is not None and proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _kill_group(self.proc)
         self.stream.close()
 
 
