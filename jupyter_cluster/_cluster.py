@@ -19,7 +19,7 @@ import platform
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from . import _environment, _sync, _views
@@ -43,8 +43,12 @@ from ._link import AgentLink, UnixTransport
 from ._links import browser_url
 from ._local import EmbeddedAgent
 from ._modules import NotebookModules
+from ._segments import Segment, release
+from ._segments import pool as segment_pool
 from ._status import ClusterLogs, ClusterStatus
 from ._views import ProgressView
+from .agent._protocol import Pickled
+from .agent._shared import SHARED_MIN, Needs, Shared, worth_sharing
 from .agent.cells._execute import CellSpec, cell_filename
 
 #: Outputs larger than this stay on the cluster behind a handle.
@@ -86,6 +90,17 @@ HISTORY_KEPT = 1_000
 ROOM_CHECKED = 64 * 2**20
 #: How long the kernel waits for the head to say whether it has room for such values, before it sends them anyway.
 ROOM_WAIT = 30.0
+
+
+@contextlib.contextmanager
+def _segments_back_on_error(segments: list[Segment]) -> Iterator[None]:
+    """Give ``segments`` back to the pool if the block fails before a request took them:
+    nothing was sent, so the agent never saw them."""
+    try:
+        yield
+    except BaseException:
+        release(segments, done=True)
+        raise
 
 
 class Cluster:
@@ -340,52 +355,53 @@ class Cluster:
         cell_id = f"{self._link.session}-{self._link.tag}c{next(self._counter)}"
         label = label or f"remote cell {cell_id}"
         shipped = self._ledger.prepare(names, namespace, reader=label)
-        sizes = dict(shipped.sizes)
-        if mode == "map":
-            items_blob = pickle_value(f"the --map items of {map_name}", items)
-            sizes[f"the --map items of {map_name}"] = items_blob.nbytes
-        self._check_room(sizes, label)
-        sources = self._modules.for_cell(shipped.modules.values(), analysis.imports, shipped.pickles)
-        if out is not None:
-            outputs = tuple(out)
-        elif mode == "actor":
-            outputs = ()
-        else:
-            outputs = tuple(n for n in analysis.outputs if n != map_name)
-        spec = CellSpec(
-            cell_id=cell_id,
-            source=source,
-            inputs=shipped.names,
-            modules=shipped.modules,
-            outputs=outputs,
-            display_last=analysis.displays_last,
-            threshold=self.threshold,
-            map_name=map_name,
-            label=label,
-            sources=tuple(sources),
-            announce=pending_handles or mode == "map",
-        )
-        body: dict[str, Any] = {"spec": spec, "mode": mode, "options": options, "inputs": shipped.entries}
-        if mode == "map":
-            body["items"] = items_blob
-        where = {"task": "task", "actor": f"actor {actor}", "driver": "driver", "map": "map"}[mode]
-        cell = RemoteCell(self, spec, mode, shipped, label, where, pending_handles, out_given=out is not None)
-        if mode == "map":
-            cell.progress = (0, len(items))
-        self.cells[cell_id] = cell
-        self.history[cell_id] = label
-        while len(self.history) > HISTORY_KEPT:
-            self.history.popitem(last=False)
-        cell.add_done_callback(self._forget_cell)
-        try:
-            self._link.request("run_cell", body, cell._on_event)
-            tell("cell", cell)
-        except KeyboardInterrupt:
-            # Interrupted while handing the cell over (the watchers can take a moment): it
-            # is on its way, and nobody will wait for it, so stop it there too.
-            cell.cancel()
-            raise
-        return cell
+        with _segments_back_on_error(shipped.segments):  # until the request owns them
+            sizes = dict(shipped.sizes)
+            if mode == "map":
+                items_blob = pickle_value(f"the --map items of {map_name}", items)
+                sizes[f"the --map items of {map_name}"] = items_blob.nbytes
+            self._check_room(sizes, label)
+            sources = self._modules.for_cell(shipped.modules.values(), analysis.imports, shipped.pickles)
+            if out is not None:
+                outputs = tuple(out)
+            elif mode == "actor":
+                outputs = ()
+            else:
+                outputs = tuple(n for n in analysis.outputs if n != map_name)
+            spec = CellSpec(
+                cell_id=cell_id,
+                source=source,
+                inputs=shipped.names,
+                modules=shipped.modules,
+                outputs=outputs,
+                display_last=analysis.displays_last,
+                threshold=self.threshold,
+                map_name=map_name,
+                label=label,
+                sources=tuple(sources),
+                announce=pending_handles or mode == "map",
+            )
+            body: dict[str, Any] = {"spec": spec, "mode": mode, "options": options, "inputs": shipped.entries}
+            if mode == "map":
+                body["items"] = items_blob
+            where = {"task": "task", "actor": f"actor {actor}", "driver": "driver", "map": "map"}[mode]
+            cell = RemoteCell(self, spec, mode, shipped, label, where, pending_handles, out_given=out is not None)
+            if mode == "map":
+                cell.progress = (0, len(items))
+            self.cells[cell_id] = cell
+            self.history[cell_id] = label
+            while len(self.history) > HISTORY_KEPT:
+                self.history.popitem(last=False)
+            cell.add_done_callback(self._forget_cell)
+            try:
+                self._link.request("run_cell", body, cell._on_event, segments=shipped.segments)
+                tell("cell", cell)
+            except KeyboardInterrupt:
+                # Interrupted while handing the cell over (the watchers can take a moment): it
+                # is on its way, and nobody will wait for it, so stop it there too.
+                cell.cancel()
+                raise
+            return cell
 
     def _forget_cell(self, cell: RemoteCell) -> None:
         self.cells.pop(cell.cell_id, None)
@@ -446,13 +462,15 @@ class Cluster:
         name = getattr(fn, "__name__", "fn")
         # A fresh ledger: submitted arguments are sent as they are, never by name.
         shipped = InputLedger(self).prepare(list(values), values, reader=f"jc.submit({name})")
-        if shipped.modules:
-            raise InputError("pass modules to submit() by importing them inside the function")
-        self._check_room(shipped.sizes, f"jc.submit({name})")
-        sources = self._modules.for_cell((), (), shipped.pickles)
-        options = self._options(cpus, gpus, memory, resources, None, None, runtime_env)
-        body = {"inputs": shipped.entries, "options": options, "sources": tuple(sources), "label": f"jc.submit({name})"}
-        handle_id = self._call("submit", body)
+        with _segments_back_on_error(shipped.segments):  # until the request owns them
+            if shipped.modules:
+                raise InputError("pass modules to submit() by importing them inside the function")
+            self._check_room(shipped.sizes, f"jc.submit({name})")
+            sources = self._modules.for_cell((), (), shipped.pickles)
+            options = self._options(cpus, gpus, memory, resources, None, None, runtime_env)
+            label = f"jc.submit({name})"
+            body = {"inputs": shipped.entries, "options": options, "sources": tuple(sources), "label": label}
+            handle_id = self._call("submit", body, segments=shipped.segments)
         return ObjectHandle(handle_id, {"type": name}, cluster=self, name=name)
 
     def map(
@@ -492,8 +510,42 @@ class Cluster:
         """Store ``value`` in the cluster's object store; return its handle."""
         blob = pickle_value("the value given to put()", value)
         self._check_room({"the value": blob.nbytes}, "jc.put")
-        handle_id, meta = self._call("put", {"value": blob}, timeout=None)
+        staged = self._stage(blob)
+        sent, owned = (staged[0], [staged[1]]) if staged is not None else (blob, [])
+        handle_id, meta = self._call("put", {"value": sent}, timeout=None, segments=owned)
         return ObjectHandle(handle_id, meta, cluster=self)
+
+    def _stage(self, blob: Pickled) -> tuple[Shared, Segment, str] | None:
+        """``blob``, if it is large and the agent shares this machine, written into a segment
+        of shared memory (:mod:`._segments`): what travels in its place, the segment, and
+        its content hash (taken while writing)."""
+        if not self._link.shared or not worth_sharing(blob):
+            return None
+        return segment_pool().stage(blob)
+
+    def _fetch(self, handle: ObjectHandle, timeout: float | None) -> Any:
+        """A handle's value, from the agent. Where the agent shares this machine, a large
+        value is offered a segment to be written into, and the value is a view on it."""
+        nbytes = int(handle.meta.get("nbytes") or 0)
+        if not self._link.shared:
+            return self._call("get", {"handle": handle.id}, timeout=timeout).load()
+        for _ in range(2):  # a value bigger than its handle said is answered Needs: once more, with room for it
+            segment = segment_pool().take(nbytes) if nbytes >= SHARED_MIN else None
+            body = {"handle": handle.id, "into": segment and segment.name(), "shared": True}
+            try:
+                answer = self._call("get", body, timeout=timeout)
+            except BaseException:
+                if segment is not None:
+                    segment.close()  # the agent may still write into it: never the pool's again
+                raise
+            if isinstance(answer, Shared) and segment is not None:
+                return segment_pool().receive(answer, segment).load()
+            if segment is not None:
+                segment_pool().give(segment)
+            if not isinstance(answer, Needs):
+                return answer.load()
+            nbytes = answer.nbytes
+        raise RequestError(f"the agent kept asking for more room for `{handle.name or handle.id}`", {})
 
     def get(self, handle: ObjectHandle | Sequence[ObjectHandle], timeout: float | None = None) -> Any:
         """Fetch a handle's value (or a list of them) into the notebook."""
@@ -510,7 +562,7 @@ class Cluster:
         if handle.has_local_value:
             return handle.local_value
         self._check_reachable(handle)
-        return self._call("get", {"handle": handle.id}, timeout=timeout).load()
+        return self._fetch(handle, timeout)
 
     def wait(
         self,
@@ -625,10 +677,16 @@ class Cluster:
                 "send it in parts, or make it on the cluster (a remote cell that reads its file there)."
             )
 
-    def _call(self, op: str, body: dict[str, Any] | None = None, timeout: float | None = 60.0) -> Any:
+    def _call(
+        self,
+        op: str,
+        body: dict[str, Any] | None = None,
+        timeout: float | None = 60.0,
+        segments: list[Any] | None = None,
+    ) -> Any:
         """A request to the agent; a refusal caused by a failed cell raises that cell's error."""
         try:
-            return self._link.call(op, body, timeout)
+            return self._link.call(op, body, timeout, segments)
         except RequestError as exc:
             raise self._failure(exc) from None
 

@@ -18,6 +18,7 @@ import cloudpickle
 
 from ._errors import InputError, failed_input
 from ._handles import ObjectHandle
+from ._segments import release
 from .agent._protocol import Pickled
 
 
@@ -25,6 +26,10 @@ class InputOwner(Protocol):
     """What the ledger needs of its cluster (a :class:`._cluster.Cluster`, which sits above)."""
 
     def _check_reachable(self, handle: ObjectHandle) -> None: ...
+
+    def _stage(self, blob: Pickled) -> tuple[Any, Any, str] | None:
+        """``blob`` written into a shared-memory segment: what travels in its place, the
+        segment and the content hash; ``None`` where it crosses the socket."""
 
 
 #: Markers of code objects in a cloudpickle stream: functions or classes by value.
@@ -43,6 +48,8 @@ class ShippedInputs:
     sizes: dict[str, int] = field(default_factory=dict)
     #: The pickle streams of every value input (sent or not): which modules they name.
     pickles: list[bytes] = field(default_factory=list)
+    #: The shared-memory segments the values to send were written into (:mod:`._segments`).
+    segments: list[Any] = field(default_factory=list)
 
     @property
     def sent_bytes(self) -> int:
@@ -85,8 +92,21 @@ class InputLedger:
             self.owner._check_reachable(handle)
 
     def prepare(self, names: list[str], namespace: dict[str, Any], reader: str = "the cell") -> ShippedInputs:
-        """Make the inputs ``names`` of ``namespace`` ready to send for the cell ``reader``."""
+        """Make the inputs ``names`` of ``namespace`` ready to send for the cell ``reader``.
+
+        The caller owns the segments of what it returns (``shipped.segments``): it hands them
+        to the request, or gives them back (:func:`._segments.release`).
+        """
         shipped = ShippedInputs()
+        try:
+            return self._prepare(names, namespace, reader, shipped)
+        except BaseException:
+            release(shipped.segments, done=True)  # nothing was sent: the agent never saw them
+            raise
+
+    def _prepare(
+        self, names: list[str], namespace: dict[str, Any], reader: str, shipped: ShippedInputs
+    ) -> ShippedInputs:
         order = []
         for name in names:
             value = namespace[name]
@@ -123,13 +143,24 @@ class InputLedger:
                     f"in the notebook), and {self.code_reason} Data-only inputs still work; "
                     "define the function inside the remote cell, or match the Python versions."
                 )
-            digest = blob.digest()
+            # Where the agent shares this machine, a large value is written into shared memory, and hashed as it
+            # is written: it makes no pass of its own.
+            staged = self.owner._stage(blob) if self.owner is not None else None
+            sent: Any = blob
+            if staged is not None:
+                sent, segment, digest = staged
+            else:
+                digest = blob.digest()
             shipped.digests[name] = digest
             if self.held.get(name) == digest:
                 shipped.entries.append((name, "cached", digest))
+                if staged is not None:
+                    release([segment], done=True)
             else:
-                shipped.entries.append((name, "value", (digest, blob)))
+                shipped.entries.append((name, "value", (digest, sent)))
                 shipped.sizes[name] = blob.nbytes
+                if staged is not None:
+                    shipped.segments.append(segment)
         shipped.names = tuple(order)
         return shipped
 

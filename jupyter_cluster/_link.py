@@ -27,6 +27,8 @@ from typing import Any, Protocol, TypeVar
 
 from . import _prompts as prompts
 from ._errors import AgentLostError, ClusterConnectionError, LinkLostError, RequestError, WaitTimeoutError
+from ._segments import release as segments_release
+from .agent import _shared as shared
 from .agent._protocol import (
     PROTOCOL_VERSION,
     Frame,
@@ -155,6 +157,12 @@ class PendingRequest:
     frame: Frame
     on_event: EventCallback | None
     future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+    #: The kernel's shared-memory segments its body names (:mod:`._segments`): back to the pool once the agent
+    #: says it has taken what they hold (a ``taken`` event, or the answer), closed if the request ends otherwise.
+    segments: list[Any] = field(default_factory=list)
+
+    def settle(self, done: bool) -> None:
+        segments_release(self.segments, done)
 
 
 class AgentLink:
@@ -229,6 +237,7 @@ class AgentLink:
         self._reconnecting: asyncio.Future[None] | None = None
         self._heard_at = time.monotonic()
         self._ack_scheduled = False
+        self._probe: tuple[int, dict[str, Any]] | None = None
         self._thread = _LoopThread.get()
 
     def _set_state(self, state: str) -> None:
@@ -260,6 +269,9 @@ class AgentLink:
             "python": platform.python_version(),
             "pid": os.getpid(),
         }
+        offer = self._shared_offer()
+        if offer is not None:
+            hello["shared"] = offer
         # On a reconnect, the requests waiting for the link go out right behind the hello, not a round trip later
         # after the welcome: small ones, and only to the agent process the session was with (the hello names it,
         # and another agent ignores them; its welcome then fails them here).
@@ -299,6 +311,23 @@ class AgentLink:
         if self.down_since is not None:  # back; nothing was awaited since the reader was made,
             self._back()  # so the cells hear it before what arrived meanwhile
         return self.welcome
+
+    @property
+    def shared(self) -> bool:
+        """Whether the agent reads and writes this kernel's shared-memory segments (:mod:`.agent._shared`)."""
+        return bool(self.welcome.get("shared"))
+
+    def _shared_offer(self) -> dict[str, Any] | None:
+        """What the hello offers for the agent to try: a small segment and the word it holds."""
+        if not shared.AVAILABLE or os.environ.get("JUPYTER_CLUSTER_SHARED_MEMORY", "1").strip() in ("0", "no", "off"):
+            return None
+        if self._probe is None:
+            try:
+                self._probe = shared.probe()
+            except OSError as exc:  # no memfds here (a seccomp filter, say): values cross the socket
+                log.info("no shared memory for values: %s", exc)
+                return None
+        return self._probe[1]
 
     def _heard(self) -> None:
         self._heard_at = time.monotonic()
@@ -435,6 +464,7 @@ class AgentLink:
     def _fail_all(self, error: BaseException) -> None:
         for request in list(self.pending.values()):
             self.pending.pop(request.id, None)
+            request.settle(done=False)
             if request.on_event is not None:
                 request.on_event("lost", error)
             if not request.future.done():
@@ -480,6 +510,10 @@ class AgentLink:
     def _deliver(self, request: PendingRequest, frame: Frame) -> None:
         """Tell a request of one of its events; the final one settles its future."""
         header = frame.header
+        if header.get("final") or header.get("event") == "taken":
+            request.settle(done=True)  # the agent has what the request's segments held
+            if not header.get("final"):
+                return
         try:
             data = loads(frame.payload, frame.buffers) if frame.payload else None
         except Exception as exc:  # a class this kernel cannot load: the request fails, the link goes on
@@ -516,15 +550,27 @@ class AgentLink:
 
     # ------------------------------------------------------------- requests
     def request(
-        self, op: str, body: dict[str, Any] | None = None, on_event: EventCallback | None = None
+        self,
+        op: str,
+        body: dict[str, Any] | None = None,
+        on_event: EventCallback | None = None,
+        segments: list[Any] | None = None,
     ) -> PendingRequest:
-        """Send a request (from any thread); its future resolves with the final event."""
+        """Send a request (from any thread); its future resolves with the final event.
+
+        ``segments``: the shared-memory segments the body names; the request takes them
+        from the list, and owns them (see :class:`PendingRequest`).
+        """
+        owned = list(segments or ())
+        if segments:
+            segments.clear()  # the request's now
         if self.closed:
+            segments_release(owned, done=True)  # never sent
             raise self.lost_error or AgentLostError(self.lost or "the session is closed")
         request_id = f"{self.session}-{self.tag}-{next(self._ids)}"
         payload, buffers = dumps(body) if body else (b"", [])
         frame = Frame({"type": "request", "id": request_id, "op": op}, payload, buffers)
-        pending = PendingRequest(request_id, op, frame, on_event)
+        pending = PendingRequest(request_id, op, frame, on_event, segments=owned)
         self.pending[request_id] = pending
         self._thread.loop.call_soon_threadsafe(self._send, pending)
         return pending
@@ -534,9 +580,15 @@ class AgentLink:
             self._writer.write(request.frame)
         # else: it goes out when the link is back (see _connect)
 
-    def call(self, op: str, body: dict[str, Any] | None = None, timeout: float | None = 60.0) -> Any:
+    def call(
+        self,
+        op: str,
+        body: dict[str, Any] | None = None,
+        timeout: float | None = 60.0,
+        segments: list[Any] | None = None,
+    ) -> Any:
         """Send a request and wait for its answer."""
-        pending = self.request(op, body)
+        pending = self.request(op, body, segments=segments)
         try:
             return prompts.wait(pending.future, timeout)
         except concurrent.futures.TimeoutError:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ._importing import import_ray, lean_pythonpath
 from ._reaper import Reaper, descendants, end, started_here
+from ._shared import SegmentName
 
 log = logging.getLogger("jupyter_cluster.agent")
 
@@ -455,7 +456,9 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
         emit("done", await table.put(body["value"]), final=True)
 
     async def get(body: dict[str, Any], session: Any, emit: Any) -> None:
-        emit("done", await table.get(body["handle"]), final=True)
+        shared = bool(body.get("shared")) and session.shared
+        into = SegmentName(*body["into"]) if shared and body.get("into") else None
+        emit("done", await table.get(body["handle"], into, shared), final=True)
 
     async def wait(body: dict[str, Any], session: Any, emit: Any) -> None:
         if body.get("progress"):

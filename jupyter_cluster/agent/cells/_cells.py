@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 import ray
 
+from .._shared import SegmentError, Shared
 from ..watching._deaths import dead_on_this_node, memory_death
 from . import _cellsource
 from ._actors import ActorCells
@@ -256,7 +257,10 @@ class CellRunner:
                 args.append(assemble_tuple.remote(ref) if container == "tuple" else ref)
             elif kind == "value":
                 digest, blob = data
-                value = await self.loop.run_in_executor(None, self._load_input, blob, keep_pickled)
+                try:
+                    value = await self.loop.run_in_executor(None, self._load_input, blob, keep_pickled)
+                except SegmentError as exc:
+                    raise CellRequestError(f"cannot read input `{name}`: {exc}. Run the cell again.") from None
                 self.inputs[name] = (digest, value)
                 args.append(value)
                 # The request lets go of the bytes: once in the object store, a value is not held twice.
@@ -270,7 +274,10 @@ class CellRunner:
         """The cell's arguments. A cell cancelled meanwhile (its inputs can wait for a
         cell still running) raises :class:`CancelledBeforeStart`: nothing has started
         that a cancel could stop, so it must not start now."""
+        shared = any(kind == "value" and isinstance(data[1], Shared) for _, kind, data in request["inputs"])
         args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(cell.spec.sources))
+        if shared:
+            cell.emit("taken")  # in the object store now: the kernel's segments are free for its next value
         if not self.warm.is_set():  # the agent's first moments: the workers and the output relay are starting
             await asyncio.to_thread(self.warm.wait, WARM_WAIT)
         if cell.cancelled:
@@ -278,7 +285,11 @@ class CellRunner:
         return args
 
     @staticmethod
-    def _load_input(blob: Pickled, keep_pickled: bool) -> Any:
+    def _load_input(blob: Pickled | Shared, keep_pickled: bool) -> Any:
+        if isinstance(blob, Shared):
+            # Views on the kernel's segment: ray.put copies them into the object store (a Shared is never
+            # INLINE_INPUT small), and the mapping goes with the last view, as this returns.
+            blob = blob.pickled()
         value: Any = blob
         if not keep_pickled:
             try:

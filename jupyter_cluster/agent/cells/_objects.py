@@ -11,6 +11,7 @@ served here.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,11 @@ except ImportError:  # a head without it: Ray carries its own copy
     from ray import cloudpickle  # type: ignore[no-redef,unused-ignore]
 import ray
 
+from .._shared import Needs, SegmentError, SegmentName, Shared, buffer_bytes, fill, worth_sharing
 from ._execute import FailedValue, Pickled, RemoteFailure, describe, package_value, unwrap
 from ._remote import node_ip
+
+log = logging.getLogger("jupyter_cluster.agent")
 
 
 class CellRequestError(Exception):
@@ -122,19 +126,46 @@ class ObjectTable:
             self.status.pop(handle_id, None)
 
     # ------------------------------------------------ jc.put / get / wait
-    async def put(self, blob: Pickled) -> tuple[str, dict[str, Any]]:
-        value = await asyncio.get_running_loop().run_in_executor(None, blob.load)
-        ref = ray.put(value)
+    async def put(self, blob: Pickled | Shared) -> tuple[str, dict[str, Any]]:
+        def store() -> tuple[Any, dict[str, Any]]:
+            # A value in the kernel's segment is read from it, and copied into the object store, here: by
+            # the time this returns, the mapping is gone, and the kernel may write its next value there.
+            value = (blob.pickled() if isinstance(blob, Shared) else blob).load()
+            return ray.put(value), describe(value)
+
+        try:
+            ref, meta = await asyncio.get_running_loop().run_in_executor(None, store)
+        except SegmentError as exc:
+            raise CellRequestError(f"cannot read the value given to put(): {exc}") from None
         handle_id = f"put/{ref.hex()}"
         self.objects[handle_id] = ref
-        return handle_id, {**describe(value), "nbytes": blob.nbytes, "node": node_ip()}
+        return handle_id, {**meta, "nbytes": blob.nbytes, "node": node_ip()}
 
-    async def get(self, handle_id: str) -> Pickled:
-        """The object as it travels to the kernel: its large buffers straight from the object store."""
+    async def get(
+        self, handle_id: str, into: SegmentName | None = None, shared: bool = False
+    ) -> Pickled | Shared | Needs:
+        """The object as it travels to the kernel: its large buffers straight from the object store.
+
+        ``shared``: the kernel shares this machine, and ``into`` is the segment it offers
+        (or none, for a value whose size it does not know). Large buffers are written
+        there, and a :class:`Shared` names them; a value too big for it is answered
+        :class:`Needs`, and the kernel asks again with a segment that fits.
+        """
         value = await self._fetch(handle_id)
+        loop = asyncio.get_running_loop()
         if isinstance(value, Pickled):
-            return value
-        return await asyncio.get_running_loop().run_in_executor(None, Pickled.of, value, cloudpickle.dumps)
+            blob = value
+        else:
+            blob = await loop.run_in_executor(None, Pickled.of, value, cloudpickle.dumps)
+        if not shared or not worth_sharing(blob):
+            return blob
+        if into is None or buffer_bytes(blob) > into.size:
+            return Needs(buffer_bytes(blob))
+        try:
+            return await loop.run_in_executor(None, fill, into, blob)
+        except SegmentError as exc:
+            log.warning("answering get(%s) over the socket: %s", handle_id, exc)
+            return blob
 
     async def wait(self, handle_ids: list[str], num_returns: int, timeout: float | None) -> list[str]:
         refs = {await self.object_ref(h): h for h in handle_ids}

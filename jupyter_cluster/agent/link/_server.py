@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _shared as shared
 from .._protocol import (
     PROTOCOL_VERSION,
     Buffers,
@@ -53,6 +54,8 @@ class Session:
     #: has acknowledged that, it cannot send the request again, and the id is forgotten.
     answered: dict[str, int] = field(default_factory=dict)
     detached_since: float = field(default_factory=time.monotonic)
+    #: Whether this agent can open the kernel's shared-memory segments (tried at each handshake).
+    shared: bool = False
 
     def send(self, header: dict[str, Any], payload: bytes = b"", buffers: Buffers = ()) -> None:
         frame = self.outbox.append(header, payload, buffers)
@@ -170,6 +173,9 @@ class AgentServer:
         if session.writer is not None:  # a newer connection of the same session wins
             session.writer.close()
         session.writer = out = FrameWriter(writer)
+        # A few bytes read from the kernel's probe segment, if it offers one: the same machine, and its descriptors
+        # are ours to open (the agent's own user, in the same process namespace).
+        session.shared = "shared" in header and shared.check_probe(header["shared"])
         import ray
 
         welcome = {
@@ -182,6 +188,7 @@ class AgentServer:
             "ray": ray.__version__,
             "pid": os.getpid(),
             "last_seq": session.outbox.last_seq,
+            "shared": session.shared,
         }
         out.write(Frame(welcome))
         last_seen = int(header.get("last_seq", 0))

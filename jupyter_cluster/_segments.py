@@ -1,0 +1,171 @@
+"""The kernel's shared-memory segments: a small pool, reused while values of a size keep coming.
+
+A large value sent to an agent on the same machine is written into a segment
+(:mod:`.agent._shared`); one fetched from it is written by the agent into a segment the
+kernel offers, and the notebook's value is a view on the kernel's mapping of it. Fresh
+memory is dear the first time it is touched (the page is allocated and zeroed, and on
+a virtual machine the host backs it too), so a segment the agent is done with goes
+back to the pool, its pages still there, and the next value of about its size is
+written into it. A segment nothing has used for :data:`IDLE` seconds is given back to
+the system, as is any beyond :data:`KEEP`.
+
+A segment given to the agent comes back to the pool only when the agent has said it is
+done with it; a request that ends any other way closes it instead (the agent's own
+descriptor, if it still copies, keeps the memory until it is done).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+from .agent._protocol import Pickled
+from .agent._shared import SegmentName, Shared, create, layout, map_views, name_of, write_buffers
+
+log = logging.getLogger("jupyter_cluster")
+
+#: Seconds a free segment is kept for the next value.
+IDLE = 30.0
+#: Free segments kept at most.
+KEEP = 3
+#: Segments are made in multiples of this.
+GRAIN = 2 << 20
+
+
+class Segment:
+    """One memfd of the kernel's."""
+
+    __slots__ = ("__weakref__", "capacity", "fd", "freed_at", "ino")
+
+    def __init__(self, capacity: int) -> None:
+        self.fd = create(capacity)
+        self.capacity = capacity
+        self.ino = name_of(self.fd).ino
+        self.freed_at = 0.0
+
+    def name(self) -> SegmentName:
+        return SegmentName(os.getpid(), self.fd, self.ino, self.capacity)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __repr__(self) -> str:
+        return f"<Segment fd {self.fd}, {self.capacity} bytes>"
+
+
+class SegmentPool:
+    """Segments the agent is done with, kept for the next value of about their size."""
+
+    def __init__(self, idle: float = IDLE, keep: int = KEEP) -> None:
+        self.idle = idle
+        self.keep = keep
+        self._free: list[Segment] = []
+        self._lock = threading.Lock()
+        self._trimmer: threading.Timer | None = None
+        #: Segments made, and those reused, since the kernel started (for tests and benchmarks).
+        self.made = self.reused = 0
+
+    def take(self, nbytes: int) -> Segment:
+        """A segment of at least ``nbytes``: the smallest free one that is not much bigger, else a new one."""
+        with self._lock:
+            fits = [s for s in self._free if nbytes <= s.capacity <= 2 * nbytes + GRAIN]
+            if fits:
+                segment = min(fits, key=lambda s: s.capacity)
+                self._free.remove(segment)
+                self.reused += 1
+                return segment
+            self.made += 1
+        return Segment(max(GRAIN, -(-nbytes // GRAIN) * GRAIN))
+
+    def give(self, segment: Segment) -> None:
+        """``segment`` is no one's now: keep it for the next value (or close it, past :attr:`keep`)."""
+        if segment.fd < 0:
+            return
+        segment.freed_at = time.monotonic()
+        with self._lock:
+            self._free.append(segment)
+            while len(self._free) > self.keep:
+                self._free.pop(0).close()  # the one freed longest ago
+            if self._trimmer is None:
+                self._trimmer = threading.Timer(self.idle, self._trim)
+                self._trimmer.daemon = True
+                self._trimmer.start()
+
+    def _trim(self) -> None:
+        """Close the segments idle for :attr:`idle` seconds; look again while any is left."""
+        now = time.monotonic()
+        with self._lock:
+            for segment in [s for s in self._free if now - s.freed_at >= self.idle]:
+                self._free.remove(segment)
+                segment.close()
+            self._trimmer = None
+            if self._free:
+                wait = max(0.1, min(s.freed_at for s in self._free) + self.idle - now)
+                self._trimmer = threading.Timer(wait, self._trim)
+                self._trimmer.daemon = True
+                self._trimmer.start()
+
+    def clear(self) -> None:
+        with self._lock:
+            for segment in self._free:
+                segment.close()
+            self._free.clear()
+
+    @property
+    def free_bytes(self) -> int:
+        return sum(s.capacity for s in self._free)
+
+    # ---------------------------------------------------------------- values
+    def stage(self, blob: Pickled) -> tuple[Shared, Segment, str]:
+        """Write ``blob``'s buffers into a segment: what travels in its place, the segment,
+        and the value's content hash (:meth:`Pickled.digest`'s), taken while writing."""
+        places = layout(blob.buffers)
+        segment = self.take(max(1, places[-1][0] + places[-1][1]) if places else 1)
+        try:
+            digest = write_buffers(segment.fd, blob.data, blob.buffers, places)
+        except BaseException:
+            segment.close()
+            raise
+        assert digest is not None
+        return Shared(blob.data, segment.name(), places), segment, digest
+
+    def receive(self, shared: Shared, segment: Segment) -> Pickled:
+        """The value the agent wrote into ``segment``: views on a mapping of it, which goes
+        back to the pool when the last view (the notebook's value) is gone."""
+        if shared.segment.fd != segment.fd or shared.segment.ino != segment.ino:
+            raise ValueError(f"the agent answered in {shared.segment}, not in the segment offered ({segment})")
+        mapping, views = map_views(segment.fd, shared.places, writable=True)
+        weakref.finalize(mapping, self.give, segment)
+        return Pickled(shared.data, views)
+
+
+_pool: SegmentPool | None = None
+_pool_lock = threading.Lock()
+
+
+def pool() -> SegmentPool:
+    """The kernel's pool (one for every cluster it talks to)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = SegmentPool()
+        return _pool
+
+
+def release(segments: list[Any], done: bool) -> None:
+    """A request's segments: back to the pool when the agent is ``done`` with them, else closed."""
+    while segments:
+        segment = segments.pop()
+        if done:
+            pool().give(segment)
+        else:
+            segment.close()
+
+
+__all__ = ["Segment", "SegmentPool", "pool", "release"]

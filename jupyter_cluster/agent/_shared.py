@@ -1,0 +1,293 @@
+"""Large values in shared memory, between a kernel and an agent on one machine.
+
+Where the kernel and the agent share a machine (the embedded cluster, or an SSH head
+on the same host), a large value's bytes need not cross the socket. The kernel keeps
+them in *segments*: memfds of its own (``memfd_create``), which it names to the agent
+by process id, descriptor number and inode (:class:`SegmentName`). The agent opens a
+segment through ``/proc/PID/fd/N`` and maps it, or writes into it. Every segment
+belongs to the kernel, so a kernel that dies (``kill -9`` included) takes its segments
+with it: nothing is left in ``/dev/shm``, and the agent holds one only for as long as
+it copies.
+
+- **There**: the kernel writes a value's pickle-5 buffers into a segment, hashing each
+  piece as it is written (:func:`write_buffers`); the request carries a
+  :class:`Shared` in place of the bytes, and the agent ``ray.put``\\ s straight from the
+  mapping (:meth:`Shared.pickled`): one copy, the one ``ray.put`` makes anyway.
+- **Back**: the kernel offers a segment with its ``get``; the agent writes the value's
+  buffers into it and answers a :class:`Shared`, and the kernel's value is a view on
+  its own mapping of that segment.
+
+Whether the agent can open the kernel's segments is tried at the handshake
+(:func:`probe`, :func:`check_probe`): the same machine, and the right to read the
+kernel's descriptors. Standard library only: this runs on the head too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ._protocol import HASH_PIECE, Pickled, _hashing_pool, _size
+
+#: Every segment's memfd name: how a look at ``/proc/*/fd`` or ``/proc/*/maps`` tells ours.
+PREFIX = "jupyter_cluster"
+#: A value whose out-of-band buffers are smaller than this in all crosses the socket.
+SHARED_MIN = 1 << 20
+#: How much is written at a time: small enough that the hash reads it from the cache.
+COPY_CHUNK = 1 << 20
+#: Each buffer starts at a multiple of this in its segment (what numpy wants of an array).
+ALIGN = 64
+
+AVAILABLE = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
+class SegmentError(OSError):
+    """A segment named by the kernel cannot be opened here (gone, or not a segment)."""
+
+
+class SegmentName(NamedTuple):
+    """A kernel's segment, as the agent can find it: ``/proc/{pid}/fd/{fd}``, checked by inode."""
+
+    pid: int
+    fd: int
+    ino: int
+    size: int
+
+
+def create(size: int) -> int:
+    """A new segment of ``size`` bytes (pages are allocated as they are written)."""
+    fd = os.memfd_create(PREFIX, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def name_of(fd: int) -> SegmentName:
+    info = os.fstat(fd)
+    return SegmentName(os.getpid(), fd, info.st_ino, info.st_size)
+
+
+def open_segment(name: SegmentName, writable: bool = False) -> int:
+    """Open the kernel's segment ``name`` (a descriptor of this process's own).
+
+    It must be a memfd of ours with the inode named: a descriptor number the kernel
+    has since reused for something else is refused, never opened.
+    """
+    pid, number, ino, size = name
+    path = f"/proc/{int(pid)}/fd/{int(number)}"
+    try:
+        target = os.readlink(path)
+    except OSError as exc:
+        raise SegmentError(f"the notebook kernel's shared memory is gone ({path}: {exc.strerror})") from None
+    if not target.startswith(f"/memfd:{PREFIX}"):
+        raise SegmentError(f"{path} is not the notebook kernel's shared memory (it is {target})")
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise SegmentError(f"cannot open the notebook kernel's shared memory {path}: {exc.strerror}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_ino != ino or info.st_size < size:
+        os.close(fd)
+        raise SegmentError(f"{path} is no longer the segment the notebook kernel named")
+    return fd
+
+
+# ----------------------------------------------------------------- copying
+
+
+def layout(buffers: Sequence[Any], start: int = 0) -> list[tuple[int, int]]:
+    """Where each buffer goes in a segment: ``(offset, nbytes)``, aligned."""
+    places = []
+    offset = start
+    for buffer in buffers:
+        nbytes = memoryview(buffer).nbytes
+        places.append((offset, nbytes))
+        offset = -(-(offset + nbytes) // ALIGN) * ALIGN
+    return places
+
+
+def extent(places: Sequence[tuple[int, int]]) -> int:
+    """The bytes of a segment that ``places`` use."""
+    return max((offset + n for offset, n in places), default=0)
+
+
+def _write(fd: int, view: memoryview, offset: int, hasher: Any = None) -> None:
+    """Write ``view`` at ``offset`` of ``fd``, a chunk at a time, each hashed as it is written."""
+    done = 0
+    while done < len(view):
+        chunk = view[done : done + COPY_CHUNK]
+        written = 0
+        while written < len(chunk):
+            written += os.pwrite(fd, chunk[written:], offset + done + written)
+        if hasher is not None:
+            hasher.update(chunk)  # just read by the write: from the cache
+        done += len(chunk)
+
+
+def _write_piece(fd: int, view: memoryview, offset: int, hashed: bool) -> bytes:
+    hasher = hashlib.sha256() if hashed else None
+    _write(fd, view, offset, hasher)
+    return hasher.digest() if hasher is not None else b""
+
+
+def write_buffers(
+    fd: int, data: bytes, buffers: Sequence[Any], places: Sequence[tuple[int, int]], hashed: bool = True
+) -> str | None:
+    """Write ``buffers`` into the segment ``fd`` at ``places``; return the content hash of
+    ``data`` and the buffers, taken while they are written (``hashed``), else ``None``.
+
+    The hash is :meth:`Pickled.digest`'s, whichever way a value travels. A large buffer
+    is written in pieces side by side (``pwrite`` and hashlib let go of the GIL), each
+    piece hashed by the thread that writes it.
+    """
+    whole = hashlib.sha256(data) if hashed else None
+    for buffer, (offset, nbytes) in zip(buffers, places, strict=True):
+        view = memoryview(buffer).cast("B")
+        if nbytes < 2 * HASH_PIECE:
+            _write(fd, view, offset, whole)
+            continue
+        pieces = [
+            _hashing_pool().submit(_write_piece, fd, view[s : s + HASH_PIECE], offset + s, hashed)
+            for s in range(0, nbytes, HASH_PIECE)
+        ]
+        joined = b"".join(p.result() for p in pieces)  # (a failed write raises here)
+        if whole is not None:
+            whole.update(joined)
+    return whole.hexdigest()[:32] if whole is not None else None
+
+
+def map_views(fd: int, places: Sequence[tuple[int, int]], writable: bool = False) -> tuple[mmap.mmap, list[memoryview]]:
+    """Map the part of ``fd`` that ``places`` use, its pages faulted in at once
+    (``MAP_POPULATE``), and a view of each buffer. The mapping lives while a view does."""
+    length = max(extent(places), 1)
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    mapping = mmap.mmap(fd, length, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=prot)
+    whole = memoryview(mapping)
+    views = [whole[offset : offset + n] for offset, n in places]
+    whole.release()
+    return mapping, views
+
+
+@dataclass(eq=False)
+class Shared:
+    """A pickled value, as :class:`Pickled`, whose large buffers lie in a kernel's segment.
+
+    It pickles as its name, its pickle stream and its layout: a few hundred bytes on the
+    socket, whatever the value's size.
+    """
+
+    data: bytes
+    segment: SegmentName
+    places: list[tuple[int, int]]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + sum(n for _, n in self.places)
+
+    def pickled(self, writable: bool = False) -> Pickled:
+        """The value as a :class:`Pickled` whose buffers are views on a mapping of the
+        segment (opened through ``/proc``: on the agent's side). Not on an event loop:
+        mapping faults in every page."""
+        fd = open_segment(self.segment, writable)
+        try:
+            _, views = map_views(fd, self.places, writable)
+        finally:
+            os.close(fd)  # the mapping keeps the segment
+        return Pickled(self.data, views)
+
+    def load(self) -> Any:
+        return self.pickled().load()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Shared, (self.data, tuple(self.segment), list(self.places))
+
+    def __post_init__(self) -> None:
+        self.segment = SegmentName(*self.segment)
+
+    def __repr__(self) -> str:
+        return f"<Shared {self.nbytes} bytes in {self.segment.pid}/fd/{self.segment.fd}>"
+
+
+@dataclass
+class Needs:
+    """The agent's answer to a ``get`` whose value does not fit the segment offered:
+    the kernel asks again with one of ``nbytes`` (of buffers)."""
+
+    nbytes: int
+
+
+def fill(name: SegmentName, blob: Pickled) -> Shared:
+    """Write ``blob``'s buffers into the kernel's segment ``name`` (the agent's way back)."""
+    places = layout(blob.buffers)
+    fd = open_segment(name, writable=True)
+    try:
+        write_buffers(fd, b"", blob.buffers, places, hashed=False)
+    finally:
+        os.close(fd)
+    return Shared(blob.data, name, places)
+
+
+def buffer_bytes(blob: Pickled) -> int:
+    """What ``blob``'s out-of-band buffers take in a segment."""
+    return extent(layout(blob.buffers))
+
+
+def worth_sharing(blob: Pickled) -> bool:
+    return _size(b"", blob.buffers) >= SHARED_MIN
+
+
+# ------------------------------------------------------------------ probing
+
+PROBE_BYTES = 16
+
+
+def probe() -> tuple[int, dict[str, Any]]:
+    """A small segment holding a random word, and what the hello says of it."""
+    word = os.urandom(PROBE_BYTES)
+    fd = create(PROBE_BYTES)
+    os.pwrite(fd, word, 0)
+    return fd, {"segment": list(name_of(fd)), "word": word.hex()}
+
+
+def check_probe(offer: Any, opened: Callable[[SegmentName], int] = open_segment) -> bool:
+    """Whether this process can open the segment a hello offers and read its word: the
+    same machine, and the right to the kernel's descriptors."""
+    try:
+        name = SegmentName(*offer["segment"])
+        fd = opened(name)
+    except (OSError, TypeError, KeyError, ValueError):
+        return False
+    try:
+        return os.pread(fd, PROBE_BYTES, 0).hex() == str(offer.get("word"))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+__all__ = [
+    "AVAILABLE",
+    "PREFIX",
+    "SHARED_MIN",
+    "Needs",
+    "SegmentError",
+    "SegmentName",
+    "Shared",
+    "check_probe",
+    "create",
+    "fill",
+    "map_views",
+    "name_of",
+    "open_segment",
+    "probe",
+    "write_buffers",
+]
