@@ -132,10 +132,11 @@ def mb(n: float) -> str:
     return f"{n / 2**20:,.0f} MB"
 
 
-def start(cpus: int) -> tuple[Kernel, int, str, str]:
-    """A kernel on a fresh embedded cluster, with a raw Ray driver of its own on the same cluster."""
+def start(cpus: int, options: str = "") -> tuple[Kernel, int, str, str]:
+    """A kernel on a fresh embedded cluster (``%cluster local --cpus CPUS OPTIONS``), with a raw Ray driver of its
+    own on the same cluster."""
     kernel = Kernel()
-    kernel.run(f"%load_ext jupyter_cluster\n%cluster local --cpus {cpus}", timeout=300)
+    kernel.run(f"%load_ext jupyter_cluster\n%cluster local --cpus {cpus} {options}", timeout=300)
     _, where = kernel.run(
         "import jupyter_cluster as jc\nagent = jc.current()._agent\n"
         "print(agent.process.pid, agent.socket, agent.secret)"

@@ -10,7 +10,10 @@ before anything is sent, naming the variable.
 
 from __future__ import annotations
 
+import hashlib
 import types
+import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,6 +23,43 @@ from ._errors import InputError, failed_input
 from ._handles import ObjectHandle
 from ._segments import release
 from .agent._protocol import Pickled
+from .agent._shared import worth_sharing
+
+
+@dataclass(frozen=True)
+class Held:
+    """A value the agent holds under an input name."""
+
+    #: What the agent knows it by: its hash, or, sent before its hash was taken, a name of its own.
+    token: str
+    #: Its :func:`sample`, and its content hash (:meth:`Pickled.digest`), or the future of one being taken.
+    sample: str
+    hash: str | Future[str]
+
+    def digest(self) -> str:
+        return self.hash if isinstance(self.hash, str) else self.hash.result()
+
+
+#: Blocks a sample reads of each large buffer, and their size.
+SAMPLE_BLOCKS = 64
+SAMPLE_BLOCK = 4096
+
+
+def sample(blob: Pickled) -> str:
+    """A hash of part of ``blob``: of a small value, all of it; of a large one, its pickle
+    stream, its buffers' sizes and a few blocks spread over each buffer. Two values whose
+    samples differ differ: a value whose sample is not that of what was sent under its
+    name needs no hash to know it is not held."""
+    if not worth_sharing(blob):
+        return blob.digest()
+    h = hashlib.sha256(blob.data)
+    for buffer in blob.buffers:
+        view = memoryview(buffer).cast("B")
+        h.update(len(view).to_bytes(8, "little"))
+        step = max(SAMPLE_BLOCK, len(view) // SAMPLE_BLOCKS)
+        for start in [*range(0, len(view), step), max(0, len(view) - SAMPLE_BLOCK)]:
+            h.update(view[start : start + SAMPLE_BLOCK])
+    return h.hexdigest()[:32]
 
 
 class InputOwner(Protocol):
@@ -27,9 +67,10 @@ class InputOwner(Protocol):
 
     def _check_reachable(self, handle: ObjectHandle) -> None: ...
 
-    def _stage(self, blob: Pickled) -> tuple[Any, Any, str] | None:
+    def _stage(self, blob: Pickled, digest: str = "now") -> tuple[Any, Any, Any] | None:
         """``blob`` written into a shared-memory segment: what travels in its place, the
-        segment and the content hash; ``None`` where it crosses the socket."""
+        segment and the content hash (or a future of it, or ``None``: ``digest`` says);
+        ``None`` where it crosses the socket."""
 
 
 #: Markers of code objects in a cloudpickle stream: functions or classes by value.
@@ -43,7 +84,8 @@ class ShippedInputs:
     names: tuple[str, ...] = ()
     entries: list[tuple[str, str, Any]] = field(default_factory=list)
     modules: dict[str, str] = field(default_factory=dict)
-    digests: dict[str, str] = field(default_factory=dict)
+    #: What the agent holds under each value input's name once it has them.
+    held: dict[str, Held] = field(default_factory=dict)
     #: The values to be sent, by name, and their sizes in bytes.
     sizes: dict[str, int] = field(default_factory=dict)
     #: The pickle streams of every value input (sent or not): which modules they name.
@@ -74,7 +116,7 @@ class InputLedger:
 
     def __init__(self, owner: InputOwner | None = None) -> None:
         self.owner = owner
-        self.held: dict[str, str] = {}
+        self.held: dict[str, Held] = {}
         self.code_ok = True
         self.code_reason = ""
 
@@ -143,30 +185,37 @@ class InputLedger:
                     f"in the notebook), and {self.code_reason} Data-only inputs still work; "
                     "define the function inside the remote cell, or match the Python versions."
                 )
-            # Where the agent shares this machine, a large value is written into shared memory, and hashed as it
-            # is written: it makes no pass of its own.
-            staged = self.owner._stage(blob) if self.owner is not None else None
+            # The agent may hold this value already, under this name: only if a sample of its bytes is the one of
+            # what was sent under it. Then its hash decides. Where the agent shares this machine, a large value is
+            # written into shared memory, and hashed as it is written, or, where the sample differs, afterwards,
+            # while it is on its way: either way the hash makes no pass of its own on the way.
+            fingerprint = sample(blob)
+            before = self.held.get(name)
+            maybe_held = before is not None and before.sample == fingerprint
+            staged = self.owner._stage(blob, "now" if maybe_held else "later") if self.owner is not None else None
             sent: Any = blob
             if staged is not None:
                 sent, segment, digest = staged
             else:
                 digest = blob.digest()
-            shipped.digests[name] = digest
-            if self.held.get(name) == digest:
-                shipped.entries.append((name, "cached", digest))
+            if before is not None and maybe_held and digest == before.digest():
+                shipped.entries.append((name, "cached", before.token))
+                shipped.held[name] = before
                 if staged is not None:
                     release([segment], done=True)
-            else:
-                shipped.entries.append((name, "value", (digest, sent)))
-                shipped.sizes[name] = blob.nbytes
-                if staged is not None:
-                    shipped.segments.append(segment)
+                continue
+            token = digest if isinstance(digest, str) else f"{name}@{uuid.uuid4().hex}"
+            shipped.held[name] = Held(token, fingerprint, digest)
+            shipped.entries.append((name, "value", (token, sent)))
+            shipped.sizes[name] = blob.nbytes
+            if staged is not None:
+                shipped.segments.append(segment)
         shipped.names = tuple(order)
         return shipped
 
     def accepted(self, shipped: ShippedInputs) -> None:
-        """The agent now holds these digests (it resolved the cell's inputs)."""
-        self.held.update(shipped.digests)
+        """The agent now holds these values (it resolved the cell's inputs)."""
+        self.held.update(shipped.held)
 
     def forget(self) -> None:
         self.held.clear()

@@ -16,15 +16,20 @@ descriptor, if it still copies, keeps the memory until it is done).
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import ctypes
 import logging
 import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
-from .agent._protocol import Pickled
-from .agent._shared import SegmentName, Shared, create, layout, map_views, name_of, write_buffers
+from .agent._protocol import Pickled, _hashing_pool
+from .agent._shared import SegmentName, Shared, create, digest_of, extent, layout, map_views, name_of, write_buffers
 
 log = logging.getLogger("jupyter_cluster")
 
@@ -37,23 +42,47 @@ GRAIN = 2 << 20
 
 
 class Segment:
-    """One memfd of the kernel's."""
+    """One memfd of the kernel's, mapped here for as long as it lives."""
 
-    __slots__ = ("__weakref__", "capacity", "fd", "freed_at", "ino")
+    __slots__ = ("__weakref__", "_view", "capacity", "fd", "freed_at", "hashing", "ino", "mapping")
 
     def __init__(self, capacity: int) -> None:
         self.fd = create(capacity)
         self.capacity = capacity
         self.ino = name_of(self.fd).ino
         self.freed_at = 0.0
+        #: The hash of what was written into it, while a thread still takes it (:meth:`SegmentPool.stage`).
+        self.hashing: concurrent.futures.Future[str] | None = None
+        try:
+            self.mapping, (self._view,) = map_views(self.fd, [(0, capacity)], writable=True)
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     def name(self) -> SegmentName:
         return SegmentName(os.getpid(), self.fd, self.ino, self.capacity)
 
+    @property
+    def view(self) -> memoryview:
+        return self._view
+
+    def after_hashing(self, then: Callable[[Segment], None]) -> None:
+        """``then(self)`` once no thread hashes this segment any more (at once if none does)."""
+        hashing = self.hashing
+        if hashing is None or hashing.done():
+            then(self)
+        else:
+            hashing.add_done_callback(lambda _: then(self))
+
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Unmap and close it (a value still on it keeps its pages until it goes)."""
+        if self.fd < 0:
+            return
+        self._view.release()
+        with contextlib.suppress(BufferError):  # a view of the notebook's: the mapping goes with it
+            self.mapping.close()
+        os.close(self.fd)
+        self.fd = -1
 
     def __repr__(self) -> str:
         return f"<Segment fd {self.fd}, {self.capacity} bytes>"
@@ -86,6 +115,9 @@ class SegmentPool:
     def give(self, segment: Segment) -> None:
         """``segment`` is no one's now: keep it for the next value (or close it, past :attr:`keep`)."""
         if segment.fd < 0:
+            return
+        if segment.hashing is not None and not segment.hashing.done():
+            segment.after_hashing(self.give)
             return
         segment.freed_at = time.monotonic()
         with self._lock:
@@ -122,27 +154,41 @@ class SegmentPool:
         return sum(s.capacity for s in self._free)
 
     # ---------------------------------------------------------------- values
-    def stage(self, blob: Pickled) -> tuple[Shared, Segment, str]:
+    def stage(self, blob: Pickled, digest: str = "now") -> tuple[Shared, Segment, str | Future[str] | None]:
         """Write ``blob``'s buffers into a segment: what travels in its place, the segment,
-        and the value's content hash (:meth:`Pickled.digest`'s), taken while writing."""
+        and the value's content hash (:meth:`Pickled.digest`'s), as ``digest`` says:
+
+        - ``"now"``: taken while writing, and returned;
+        - ``"later"``: taken afterwards, from the segment, by a thread of its own, while the
+          value is on its way (a future is returned). For a value that differs from
+          anything sent under its name (:func:`._inputs.sample`): nothing needs its hash
+          at once. The segment waits for that thread before it is used again;
+        - ``"never"``: not taken (``None``).
+        """
         places = layout(blob.buffers)
-        segment = self.take(max(1, places[-1][0] + places[-1][1]) if places else 1)
+        segment = self.take(max(1, extent(places)))
         try:
-            digest = write_buffers(segment.fd, blob.data, blob.buffers, places)
+            taken = write_buffers(segment.view, blob.data, blob.buffers, places, hashed=digest == "now")
         except BaseException:
             segment.close()
             raise
-        assert digest is not None
-        return Shared(blob.data, segment.name(), places), segment, digest
+        if digest == "later":
+            segment.hashing = _hashing_pool().submit(digest_of, segment.view, blob.data, places)
+            return Shared(blob.data, segment.name(), places), segment, segment.hashing
+        return Shared(blob.data, segment.name(), places), segment, taken
 
     def receive(self, shared: Shared, segment: Segment) -> Pickled:
-        """The value the agent wrote into ``segment``: views on a mapping of it, which goes
-        back to the pool when the last view (the notebook's value) is gone."""
+        """The value the agent wrote into ``segment``: views on the kernel's mapping of it,
+        which go back to the pool with the last of them (the notebook's value)."""
         if shared.segment.fd != segment.fd or shared.segment.ino != segment.ino:
             raise ValueError(f"the agent answered in {shared.segment}, not in the segment offered ({segment})")
-        mapping, views = map_views(segment.fd, shared.places, writable=True)
-        weakref.finalize(mapping, self.give, segment)
-        return Pickled(shared.data, views)
+        length = extent(shared.places)
+        # An object of its own exports the bytes the value uses; the views the value is built on keep it alive,
+        # and its end hands the segment back.
+        exporter = (ctypes.c_char * max(length, 1)).from_buffer(segment.mapping)
+        weakref.finalize(exporter, self.give, segment)
+        whole = memoryview(exporter).cast("B")
+        return Pickled(shared.data, [whole[offset : offset + n] for offset, n in shared.places])
 
 
 _pool: SegmentPool | None = None
@@ -165,7 +211,7 @@ def release(segments: list[Any], done: bool) -> None:
         if done:
             pool().give(segment)
         else:
-            segment.close()
+            segment.after_hashing(Segment.close)
 
 
 __all__ = ["Segment", "SegmentPool", "pool", "release"]

@@ -31,6 +31,7 @@ import jupyter_cluster as jc
 from jupyter_cluster import _segments
 from jupyter_cluster._cluster import Cluster
 from jupyter_cluster._errors import RequestError
+from jupyter_cluster._inputs import sample
 from jupyter_cluster._link import AgentLink, UnixTransport
 from jupyter_cluster.agent import _shared as shared
 from jupyter_cluster.agent._protocol import HASH_PIECE, Pickled
@@ -54,8 +55,10 @@ def test_a_value_written_into_a_segment_hashes_as_on_the_socket_and_reads_back(b
     blob = Pickled.of(value, cloudpickle.dumps)
     pool = _segments.SegmentPool()
     sent, segment, digest = pool.stage(blob)
+    later = pool.stage(blob, "later")  # taken afterwards, from the segment, by a thread of its own
     try:
         assert digest == blob.digest()  # the ledger's caching is the same whichever way a value goes
+        assert later[2].result(60) == digest  # type: ignore[union-attr]
         wire = pickle.dumps(sent, protocol=5)
         assert len(wire) < 64 * 1024, "the value's bytes went into the message"
         back = pickle.loads(wire).load()  # as the agent reads it: through /proc, by inode
@@ -71,6 +74,7 @@ def test_a_value_written_into_a_segment_hashes_as_on_the_socket_and_reads_back(b
         assert offered in pool._free, "the received value's segment did not come back to the pool once it was gone"
     finally:
         segment.close()
+        later[1].close()
         pool.clear()
 
 
@@ -142,9 +146,14 @@ def test_large_values_go_there_and_back_through_shared_memory(cluster: jc.Cluste
     before = link.bytes_received
     doubled = jc.get(jc.submit(lambda a: a * 2, x))
     assert np.array_equal(doubled, x * 2) and link.bytes_received - before < 256 * 1024
-    # The same value read again is not sent again (its hash was taken while it was written).
+    # The same value read again is not sent again: its sample is the same, and then its hash (taken meanwhile).
     again = cluster.run_cell("s = float(x.sum())", namespace={"x": x})
     assert again._shipped.entries[0][1] == "cached" and again.result(60).outputs["s"] == float(x.sum())
+    # Changed in place where no sample looks: the same sample, another hash, so sent again.
+    x[12345] += 0.5
+    assert sample(Pickled.of(x)) == again._shipped.held["x"].sample, "the test's change is not between the samples"
+    changed = cluster.run_cell("s = float(x.sum())", namespace={"x": x})
+    assert changed._shipped.entries[0][1] == "value" and changed.result(60).outputs["s"] == float(x.sum())
 
 
 def test_a_segment_that_is_gone_is_said_and_the_session_goes_on(cluster: jc.Cluster) -> None:

@@ -38,7 +38,7 @@ from ._protocol import HASH_PIECE, Pickled, _hashing_pool, _size
 PREFIX = "jupyter_cluster"
 #: A value whose out-of-band buffers are smaller than this in all crosses the socket.
 SHARED_MIN = 1 << 20
-#: How much is written at a time: small enough that the hash reads it from the cache.
+#: How much is copied at a time: small enough that the hash reads it from the cache.
 COPY_CHUNK = 1 << 20
 #: Each buffer starts at a multiple of this in its segment (what numpy wants of an array).
 ALIGN = 64
@@ -120,49 +120,50 @@ def extent(places: Sequence[tuple[int, int]]) -> int:
     return max((offset + n for offset, n in places), default=0)
 
 
-def _write(fd: int, view: memoryview, offset: int, hasher: Any = None) -> None:
-    """Write ``view`` at ``offset`` of ``fd``, a chunk at a time, each hashed as it is written."""
-    done = 0
-    while done < len(view):
-        chunk = view[done : done + COPY_CHUNK]
-        written = 0
-        while written < len(chunk):
-            written += os.pwrite(fd, chunk[written:], offset + done + written)
+def _copy(target: memoryview, source: memoryview, hasher: Any = None) -> None:
+    """Copy ``source`` into ``target`` a chunk at a time, each hashed as it is written (from the cache)."""
+    for start in range(0, len(source), COPY_CHUNK):
+        chunk = source[start : start + COPY_CHUNK]
+        target[start : start + len(chunk)] = chunk
         if hasher is not None:
-            hasher.update(chunk)  # just read by the write: from the cache
-        done += len(chunk)
+            hasher.update(chunk)
 
 
-def _write_piece(fd: int, view: memoryview, offset: int, hashed: bool) -> bytes:
-    hasher = hashlib.sha256() if hashed else None
-    _write(fd, view, offset, hasher)
-    return hasher.digest() if hasher is not None else b""
+def _copy_piece(target: memoryview, source: memoryview) -> bytes:
+    hasher = hashlib.sha256()
+    _copy(target, source, hasher)
+    return hasher.digest()
 
 
 def write_buffers(
-    fd: int, data: bytes, buffers: Sequence[Any], places: Sequence[tuple[int, int]], hashed: bool = True
+    target: memoryview, data: bytes, buffers: Sequence[Any], places: Sequence[tuple[int, int]], hashed: bool = True
 ) -> str | None:
-    """Write ``buffers`` into the segment ``fd`` at ``places``; return the content hash of
-    ``data`` and the buffers, taken while they are written (``hashed``), else ``None``.
+    """Copy ``buffers`` into ``target`` (a mapping of a segment) at ``places``; return the
+    content hash of ``data`` and the buffers, taken while they are copied (``hashed``), else
+    ``None``.
 
-    The hash is :meth:`Pickled.digest`'s, whichever way a value travels. A large buffer
-    is written in pieces side by side (``pwrite`` and hashlib let go of the GIL), each
-    piece hashed by the thread that writes it.
+    The hash is :meth:`Pickled.digest`'s, whichever way a value travels: a buffer of two
+    pieces or more is hashed a piece at a time, on threads side by side (hashlib lets go
+    of the GIL), each piece copied by the thread that hashes it.
     """
     whole = hashlib.sha256(data) if hashed else None
     for buffer, (offset, nbytes) in zip(buffers, places, strict=True):
-        view = memoryview(buffer).cast("B")
-        if nbytes < 2 * HASH_PIECE:
-            _write(fd, view, offset, whole)
+        source = memoryview(buffer).cast("B")
+        into = target[offset : offset + nbytes]
+        if whole is None or nbytes < 2 * HASH_PIECE:
+            _copy(into, source, whole)
             continue
         pieces = [
-            _hashing_pool().submit(_write_piece, fd, view[s : s + HASH_PIECE], offset + s, hashed)
+            _hashing_pool().submit(_copy_piece, into[s : s + HASH_PIECE], source[s : s + HASH_PIECE])
             for s in range(0, nbytes, HASH_PIECE)
         ]
-        joined = b"".join(p.result() for p in pieces)  # (a failed write raises here)
-        if whole is not None:
-            whole.update(joined)
+        whole.update(b"".join(p.result() for p in pieces))
     return whole.hexdigest()[:32] if whole is not None else None
+
+
+def digest_of(view: memoryview, data: bytes, places: Sequence[tuple[int, int]]) -> str:
+    """:meth:`Pickled.digest` of a value already in a segment (``view`` maps it)."""
+    return Pickled(data, [view[offset : offset + n] for offset, n in places]).digest()
 
 
 def map_views(fd: int, places: Sequence[tuple[int, int]], writable: bool = False) -> tuple[mmap.mmap, list[memoryview]]:
@@ -230,9 +231,14 @@ def fill(name: SegmentName, blob: Pickled) -> Shared:
     places = layout(blob.buffers)
     fd = open_segment(name, writable=True)
     try:
-        write_buffers(fd, b"", blob.buffers, places, hashed=False)
+        mapping, views = map_views(fd, [(0, extent(places))], writable=True)
     finally:
-        os.close(fd)
+        os.close(fd)  # the mapping keeps the segment
+    try:
+        write_buffers(views[0], b"", blob.buffers, places, hashed=False)
+    finally:
+        views[0].release()
+        mapping.close()
     return Shared(blob.data, name, places)
 
 
