@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from .agent._protocol import Pickled, _hashing_pool
+from .agent._protocol import Pickled
 from .agent._shared import SegmentName, Shared, create, digest_of, extent, layout, map_views, name_of, write_buffers
 
 log = logging.getLogger("jupyter_cluster")
@@ -173,7 +173,7 @@ class SegmentPool:
             segment.close()
             raise
         if digest == "later":
-            segment.hashing = _hashing_pool().submit(digest_of, segment.view, blob.data, places)
+            segment.hashing = _idle_thread().submit(digest_of, segment.view, blob.data, places)
             return Shared(blob.data, segment.name(), places), segment, segment.hashing
         return Shared(blob.data, segment.name(), places), segment, taken
 
@@ -191,8 +191,30 @@ class SegmentPool:
         return Pickled(shared.data, [whole[offset : offset + n] for offset, n in shared.places])
 
 
-_pool: SegmentPool | None = None
 _pool_lock = threading.Lock()
+_hasher: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _idle_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """A thread that runs only on a core nothing else wants (Linux's ``SCHED_IDLE``, else the lowest
+    priority): the hashes taken while a value is on its way leave the agent and the workers alone."""
+    global _hasher
+    with _pool_lock:
+        if _hasher is None:
+            _hasher = concurrent.futures.ThreadPoolExecutor(1, "hash-idle", initializer=_idle)
+        return _hasher
+
+
+def _idle() -> None:
+    me = threading.get_native_id()
+    try:
+        os.sched_setscheduler(me, os.SCHED_IDLE, os.sched_param(0))  # this thread only, on Linux
+    except (AttributeError, OSError):
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, me, 19)
+
+
+_pool: SegmentPool | None = None
 
 
 def pool() -> SegmentPool:

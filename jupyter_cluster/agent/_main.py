@@ -412,6 +412,7 @@ def handlers(runner: Any, server: Any, sampler: Any) -> dict[str, Any]:
     async def run_cell(body: dict[str, Any], session: Any, emit: Any) -> None:
         await runner.synced.keep(session.name)
         runner.envs.apply(session.name, body.setdefault("options", {}), body.get("mode", "task"))
+        body["session"] = session.name  # whose input names these are
         await runner.run_cell(body, emit)
 
     async def sync_plan(body: dict[str, Any], session: Any, emit: Any) -> None:

@@ -138,7 +138,8 @@ class CellRunner:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.output = OutputPump(loop, self.node_id)
         self.running: dict[str, RunningCell] = {}
-        self.inputs: dict[str, tuple[str, Any]] = {}
+        #: The values each session sent, by its name and theirs: what a ``cached`` input stands for.
+        self.inputs: dict[tuple[str | None, str], tuple[str, Any]] = {}
         self._remotes: dict[Any, Any] = {}
         #: Routes the workers' lines to the cells that started the work (set by the agent; see ._logs).
         self.lines: WorkerLines | None = None
@@ -235,18 +236,22 @@ class CellRunner:
         return handles
 
     # ---------------------------------------------------------------- inputs
-    async def resolve_inputs(self, inputs: list[tuple[str, str, Any]], keep_pickled: bool = False) -> list[Any]:
+    async def resolve_inputs(
+        self, inputs: list[tuple[str, str, Any]], keep_pickled: bool = False, session: str | None = None
+    ) -> list[Any]:
         """Turn the kernel's input list into task arguments (values or ObjectRefs).
 
         ``keep_pickled``: leave values pickled for the process that runs the cell, which
-        unpickles them once the notebook's own modules are installed there.
+        unpickles them once the notebook's own modules are installed there. ``session``:
+        whose names they are; its values are kept for its next cells (a ``cached`` input),
+        each notebook's apart from the others'. Without one, nothing is kept.
         """
         args = []
         for index, (name, kind, data) in enumerate(inputs):
             if kind == "handle":
                 args.append(await self.table.object_ref(data))
             elif kind == "cached":
-                held = self.inputs.get(name)
+                held = self.inputs.get((session, name))
                 if held is None or held[0] != data:
                     raise CellRequestError(f"input `{name}` is no longer held by the agent; run the cell again")
                 args.append(held[1])
@@ -257,11 +262,15 @@ class CellRunner:
                 args.append(assemble_tuple.remote(ref) if container == "tuple" else ref)
             elif kind == "value":
                 digest, blob = data
+                # What was sent under this name before is no longer the notebook's: let it go before the new
+                # value takes its room in the object store (two large values are not held at once).
+                self.inputs.pop((session, name), None)
                 try:
                     value = await self.loop.run_in_executor(None, self._load_input, blob, keep_pickled)
                 except SegmentError as exc:
                     raise CellRequestError(f"cannot read input `{name}`: {exc}. Run the cell again.") from None
-                self.inputs[name] = (digest, value)
+                if session is not None:
+                    self.inputs[(session, name)] = (digest, value)
                 args.append(value)
                 # The request lets go of the bytes: once in the object store, a value is not held twice.
                 inputs[index] = (name, kind, (digest, None))
@@ -275,7 +284,9 @@ class CellRunner:
         cell still running) raises :class:`CancelledBeforeStart`: nothing has started
         that a cancel could stop, so it must not start now."""
         shared = any(kind == "value" and isinstance(data[1], Shared) for _, kind, data in request["inputs"])
-        args = await self.resolve_inputs(request["inputs"], keep_pickled=bool(cell.spec.sources))
+        args = await self.resolve_inputs(
+            request["inputs"], keep_pickled=bool(cell.spec.sources), session=request.get("session")
+        )
         if shared:
             cell.emit("taken")  # in the object store now: the kernel's segments are free for its next value
         if not self.warm.is_set():  # the agent's first moments: the workers and the output relay are starting
