@@ -362,6 +362,7 @@ class Cluster:
                 items_blob = pickle_value(f"the --map items of {map_name}", items)
                 sizes[f"the --map items of {map_name}"] = items_blob.nbytes
             self._check_room(sizes, label)
+            self._ledger.pack(shipped)
             sources = self._modules.for_cell(shipped.modules.values(), analysis.imports, shipped.pickles)
             if out is not None:
                 outputs = tuple(out)
@@ -462,11 +463,13 @@ class Cluster:
         values = {"fn": fn, **{f"arg{i}": a for i, a in enumerate(args)}}
         name = getattr(fn, "__name__", "fn")
         # A fresh ledger: submitted arguments are sent as they are, never by name.
-        shipped = InputLedger(self).prepare(list(values), values, reader=f"jc.submit({name})")
+        ledger = InputLedger(self)
+        shipped = ledger.prepare(list(values), values, reader=f"jc.submit({name})")
         with _segments_back_on_error(shipped.segments):  # until the request owns them
             if shipped.modules:
                 raise InputError("pass modules to submit() by importing them inside the function")
             self._check_room(shipped.sizes, f"jc.submit({name})")
+            ledger.pack(shipped)
             sources = self._modules.for_cell((), (), shipped.pickles)
             options = self._options(cpus, gpus, memory, resources, None, None, runtime_env)
             label = f"jc.submit({name})"

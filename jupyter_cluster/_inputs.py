@@ -21,7 +21,6 @@ import cloudpickle
 
 from ._errors import InputError, failed_input
 from ._handles import ObjectHandle
-from ._segments import release
 from .agent._protocol import Pickled
 from .agent._shared import worth_sharing
 
@@ -92,6 +91,8 @@ class ShippedInputs:
     pickles: list[bytes] = field(default_factory=list)
     #: The shared-memory segments the values to send were written into (:mod:`._segments`).
     segments: list[Any] = field(default_factory=list)
+    #: Value entries not yet packed (:meth:`InputLedger.pack`): where, their sample, their hash if taken.
+    unpacked: list[tuple[int, str, str | None]] = field(default_factory=list)
 
     @property
     def sent_bytes(self) -> int:
@@ -134,21 +135,9 @@ class InputLedger:
             self.owner._check_reachable(handle)
 
     def prepare(self, names: list[str], namespace: dict[str, Any], reader: str = "the cell") -> ShippedInputs:
-        """Make the inputs ``names`` of ``namespace`` ready to send for the cell ``reader``.
-
-        The caller owns the segments of what it returns (``shipped.segments``): it hands them
-        to the request, or gives them back (:func:`._segments.release`).
-        """
+        """Make the inputs ``names`` of ``namespace`` ready to send for the cell ``reader``:
+        pickled, and sized for the head's room; :meth:`pack` readies the values to send."""
         shipped = ShippedInputs()
-        try:
-            return self._prepare(names, namespace, reader, shipped)
-        except BaseException:
-            release(shipped.segments, done=True)  # nothing was sent: the agent never saw them
-            raise
-
-    def _prepare(
-        self, names: list[str], namespace: dict[str, Any], reader: str, shipped: ShippedInputs
-    ) -> ShippedInputs:
         order = []
         for name in names:
             value = namespace[name]
@@ -185,33 +174,44 @@ class InputLedger:
                     f"in the notebook), and {self.code_reason} Data-only inputs still work; "
                     "define the function inside the remote cell, or match the Python versions."
                 )
-            # The agent may hold this value already, under this name: only if a sample of its bytes is the one of
-            # what was sent under it. Then its hash decides. Where the agent shares this machine, a large value is
-            # written into shared memory, and hashed as it is written, or, where the sample differs, afterwards,
-            # while it is on its way: either way the hash makes no pass of its own on the way.
+            # The agent may hold this value already, under this name: only if a sample of its bytes is that of
+            # what was sent under it. Then, and only then, its hash decides (a value whose sample differs is not
+            # hashed on its way: see :meth:`pack`).
             fingerprint = sample(blob)
             before = self.held.get(name)
-            maybe_held = before is not None and before.sample == fingerprint
-            staged = self.owner._stage(blob, "now" if maybe_held else "later") if self.owner is not None else None
-            sent: Any = blob
-            if staged is not None:
-                sent, segment, digest = staged
-            else:
-                digest = blob.digest()
-            if before is not None and maybe_held and digest == before.digest():
+            digest = blob.digest() if before is not None and before.sample == fingerprint else None
+            if before is not None and digest == before.digest():
                 shipped.entries.append((name, "cached", before.token))
                 shipped.held[name] = before
-                if staged is not None:
-                    release([segment], done=True)
                 continue
-            token = digest if isinstance(digest, str) else f"{name}@{uuid.uuid4().hex}"
-            shipped.held[name] = Held(token, fingerprint, digest)
-            shipped.entries.append((name, "value", (token, sent)))
+            shipped.unpacked.append((len(shipped.entries), fingerprint, digest))
+            shipped.entries.append((name, "value", blob))
             shipped.sizes[name] = blob.nbytes
-            if staged is not None:
-                shipped.segments.append(segment)
         shipped.names = tuple(order)
         return shipped
+
+    def pack(self, shipped: ShippedInputs) -> None:
+        """Make the values to send ready to go, once the head has said it has room for them.
+
+        Where the agent shares this machine, a large value is written into a segment of
+        shared memory (:mod:`._segments`), which travels in its place, and its hash, when
+        :meth:`prepare` did not take one, is taken from the segment afterwards, while it is
+        on its way: the hash makes no pass of its own. Elsewhere the value's bytes go on the
+        socket, hashed here. The caller owns the segments (``shipped.segments``).
+        """
+        while shipped.unpacked:
+            index, fingerprint, digest = shipped.unpacked.pop(0)
+            name, kind, blob = shipped.entries[index]
+            sent: Any = blob
+            staged = self.owner._stage(blob, "never" if digest else "later") if self.owner is not None else None
+            if staged is not None:
+                sent, segment, later = staged
+                shipped.segments.append(segment)
+                digest = digest or later
+            hashed = digest or blob.digest()
+            token = hashed if isinstance(hashed, str) else f"{name}@{uuid.uuid4().hex}"
+            shipped.held[name] = Held(token, fingerprint, hashed)
+            shipped.entries[index] = (name, kind, (token, sent))
 
     def accepted(self, shipped: ShippedInputs) -> None:
         """The agent now holds these values (it resolved the cell's inputs)."""
