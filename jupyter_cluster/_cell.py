@@ -131,6 +131,7 @@ class RemoteCell:
         self._future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._listeners: list[Callable[[str, Any], None]] = []
+        self._done_callbacks: list[Callable[[RemoteCell], None]] = []
         self._history: list[tuple[str, Any]] = []
         self._lock = threading.Lock()
         self._settle_callbacks: list[Callable[[RemoteCell], None]] = []
@@ -192,7 +193,11 @@ class RemoteCell:
         return self._future.exception(timeout)
 
     def add_done_callback(self, fn: Callable[[RemoteCell], None]) -> None:
-        self._future.add_done_callback(lambda _: fn(self))
+        with self._lock:
+            if not self._future.done():
+                self._done_callbacks.append(fn)
+                return
+        fn(self)
 
     def on_settle(self, callback: Callable[[RemoteCell], None]) -> None:
         """Call ``callback(cell)`` when the cell ends, before its pending handles resolve
@@ -222,7 +227,8 @@ class RemoteCell:
         with self._lock:
             for event, data in self._history:
                 listener(event, data)
-            self._listeners.append(listener)
+            if not self._future.done():
+                self._listeners.append(listener)
 
     def events(self, poll: float = 0.1, until: Callable[[], bool] | None = None) -> Iterator[tuple[str, Any]]:
         """Yield ``(event, data)`` in the calling thread until the cell is finished (or,
@@ -286,8 +292,22 @@ class RemoteCell:
             self._history.append((event, data))
             for listener in self._listeners:
                 listener(event, data)
+            if self.done():
+                # Those who listen to it keep it, not the other way round: a cell that ended is freed with the
+                # last reference to it, and the outputs it holds (handles of objects in the cluster's store)
+                # with it, not at the garbage collector's next full pass.
+                self._listeners.clear()
         if self.done():
             self._events.put(("finished", None))
+
+    def _call_done_callbacks(self) -> None:
+        with self._lock:
+            callbacks, self._done_callbacks = self._done_callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a done callback of %s failed", self.label)
 
     def _fail(self, error: BaseException) -> None:
         if self._future.done():
@@ -299,6 +319,7 @@ class RemoteCell:
             handle._fail(error)
         self.finished = time.time()
         self._future.set_exception(error)
+        self._call_done_callbacks()
 
     def _finish(self, data: dict[str, Any]) -> None:
         # One end time for every view: the result's elapsed, the bar's last line, the sidebar's row.
@@ -355,6 +376,7 @@ class RemoteCell:
         self.status = "done"
         self.finished = ended
         self._future.set_result(result)
+        self._call_done_callbacks()
 
     def _map_result(self, chunks: list[MapChunk], ended: float) -> CellResult:
         """A ``--map`` cell's result: each output a list in item order (read chunk by chunk, item by item:

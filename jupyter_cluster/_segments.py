@@ -95,7 +95,9 @@ class SegmentPool:
         self.idle = idle
         self.keep = keep
         self._free: list[Segment] = []
-        self._lock = threading.Lock()
+        # Reentrant: a value's end gives its segment back from the garbage collector, which may run while this
+        # thread is inside the pool already.
+        self._lock = threading.RLock()
         self._trimmer: threading.Timer | None = None
         #: Segments made, and those reused, since the kernel started (for tests and benchmarks).
         self.made = self.reused = 0

@@ -72,7 +72,9 @@ class Sidebar:
         self.panels: dict[str, Panel] = {}
         self.cluster: Cluster | None = None
         self.cells: dict[str, RemoteCell] = {}
-        self.recent: deque[RemoteCell] = deque(maxlen=RECENT_CELLS)
+        #: The last cells that ended, as the panel lists them: what they said, not the cells (whose outputs would
+        #: keep their objects in the cluster's store after the notebook let go of them).
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_CELLS)
         self.runs: dict[str, Run] = {}
         self.actors: list[dict[str, Any]] = []
         self.dashboard: Any = None
@@ -295,7 +297,7 @@ class Sidebar:
         if event in ("done", "error", "lost"):
             with self._lock:
                 if self.cells.pop(cell.cell_id, None) is not None:
-                    self.recent.appendleft(cell)
+                    self.recent.appendleft(cell_state(cell))
                 if run:
                     self._trim_runs()
             if cell.mode == "actor":
@@ -436,7 +438,7 @@ class Sidebar:
         with self._lock:
             if part == "cells":
                 running = sorted(self.cells.values(), key=lambda c: c.submitted, reverse=True)
-                return {"type": "cells", "cells": [cell_state(c) for c in running + list(self.recent)]}
+                return {"type": "cells", "cells": [cell_state(c) for c in running] + list(self.recent)}
             if part == "actors":
                 return {"type": "actors", "actors": list(self.actors)}
             if part == "runs":

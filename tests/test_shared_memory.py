@@ -14,6 +14,7 @@ workers) holds a segment afterwards, nor is one in ``/dev/shm``, and the agent g
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import pickle
@@ -36,7 +37,7 @@ from jupyter_cluster._link import AgentLink, UnixTransport
 from jupyter_cluster.agent import _shared as shared
 from jupyter_cluster.agent._protocol import HASH_PIECE, Pickled
 
-from .kernel import Kernel, attach_second
+from .kernel import attach_second, text
 from .test_worker_output import _agent_of
 
 MiB = 1 << 20
@@ -84,13 +85,13 @@ def test_a_segment_is_opened_only_by_its_inode_and_only_if_it_is_one() -> None:
     os.close(fd)
     stranger = shared.create(4096)  # most likely the same descriptor number, another memfd
     try:
-        with pytest.raises(shared.SegmentError, match="no longer the segment|is gone"):
+        with pytest.raises(shared.SegmentError, match=r"no longer the segment|is gone"):
             shared.open_segment(name)
     finally:
         os.close(stranger)
-    with open(__file__, "rb") as f:  # a descriptor that is not a segment at all
-        with pytest.raises(shared.SegmentError, match="is not the notebook kernel's shared memory"):
-            shared.open_segment(shared.SegmentName(os.getpid(), f.fileno(), 0, 0))
+    not_one = pytest.raises(shared.SegmentError, match="is not the notebook kernel's shared memory")
+    with open(__file__, "rb") as f, not_one:  # a descriptor that is not a segment at all
+        shared.open_segment(shared.SegmentName(os.getpid(), f.fileno(), 0, 0))
     fd, offer = shared.probe()
     try:
         assert shared.check_probe(offer)
@@ -161,7 +162,7 @@ def test_a_segment_that_is_gone_is_said_and_the_session_goes_on(cluster: jc.Clus
     name = shared.name_of(fd)
     os.close(fd)
     gone = shared.Shared(pickle.dumps(b"x"), name, [(0, MiB)])
-    with pytest.raises(RequestError, match="shared memory is gone|no longer the segment"):
+    with pytest.raises(RequestError, match=r"shared memory is gone|no longer the segment"):
         cluster._link.call("put", {"value": gone}, timeout=60)
     assert cluster.run_cell("m = 3").result(60).outputs["m"] == 3
 
@@ -200,6 +201,35 @@ def test_a_link_dropped_while_the_agent_reads_a_segment_loses_nothing(cluster: j
     reused = pool.reused
     cluster.run_cell("s = float(x.sum())", namespace={"x": x + 1}).result(120)
     assert pool.reused > reused, "the segment of a cell whose link dropped did not come back to the pool"
+
+
+def test_a_large_output_the_notebook_lets_go_of_leaves_the_object_store(cluster: jc.Cluster) -> None:
+    """In a real kernel, with Python's cyclic garbage collector off: once the notebook deletes a large output it
+    fetched, the agent lets go of its object at once. Before, the kernel's list of recent cells (the sidebar's)
+    held the last ten cells, and an ended cell was kept alive by its own callbacks until a full collection: every
+    value sent and fetched stayed in the store, and a few rounds of 1 GiB values filled it."""
+    second = attach_second(*_agent_of(cluster), name=f"lets-go-{time.time():.0f}")
+    try:
+        second.ok("import gc\ngc.disable()\nimport numpy as np")
+        ids = []
+        for i in range(3):
+            second.ok(f"x = np.full({4 * MiB // 8}, {i}.0)")
+            second.ok("%%remote\ny = x + 1")
+            said = text(second.ok("z = jc.get(y)\nassert z[-1] == x[-1] + 1\nprint(y.id)\ndel z, y"))
+            ids.append(said.strip())
+        for handle_id in ids:
+            assert _until(functools.partial(_released, cluster, handle_id), 30, 0.2), f"{handle_id} is still held"
+    finally:
+        second.kc.stop_channels()  # (not stop(): its `%cluster down` would stop the session's agent)
+        second.km.shutdown_kernel(now=True)
+
+
+def _released(cluster: jc.Cluster, handle_id: str) -> bool:
+    try:
+        cluster._link.call("describe", {"handle": handle_id}, timeout=60)
+    except RequestError as exc:
+        return "no longer holds" in str(exc)
+    return False
 
 
 # ------------------------------------------------------------- kill -9
