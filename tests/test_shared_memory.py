@@ -294,7 +294,7 @@ def _held_still(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-VALUE = 256 * MiB
+VALUE = 128 * MiB
 POINTS = ["writing its segment", "agent reading it", "agent writing back", "holding the value"]
 
 
