@@ -514,18 +514,18 @@ class Cluster:
         """Store ``value`` in the cluster's object store; return its handle."""
         blob = pickle_value("the value given to put()", value)
         self._check_room({"the value": blob.nbytes}, "jc.put")
-        staged = self._stage(blob, digest="never")  # (nothing compares it with anything)
+        staged = self._stage(blob)  # (unhashed: nothing compares it with anything)
         sent, owned = (staged[0], [staged[1]]) if staged is not None else (blob, [])
         handle_id, meta = self._call("put", {"value": sent}, timeout=None, segments=owned)
         return ObjectHandle(handle_id, meta, cluster=self)
 
-    def _stage(self, blob: Pickled, digest: str = "now") -> tuple[Shared, Segment, str | Future[str] | None] | None:
+    def _stage(self, blob: Pickled, hash_later: bool = False) -> tuple[Shared, Segment, Future[str] | None] | None:
         """``blob``, if it is large and the agent shares this machine, written into a segment
         of shared memory (:mod:`._segments`): what travels in its place, the segment, and
-        its content hash (``digest``: see :meth:`.SegmentPool.stage`)."""
+        the future of its content hash (``hash_later``: see :meth:`.SegmentPool.stage`)."""
         if not self._link.shared or not worth_sharing(blob):
             return None
-        return segment_pool().stage(blob, digest)
+        return segment_pool().stage(blob, hash_later)
 
     def _fetch(self, handle: ObjectHandle, timeout: float | None) -> Any:
         """A handle's value, from the agent. Where the agent shares this machine, a large

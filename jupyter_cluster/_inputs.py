@@ -66,10 +66,10 @@ class InputOwner(Protocol):
 
     def _check_reachable(self, handle: ObjectHandle) -> None: ...
 
-    def _stage(self, blob: Pickled, digest: str = "now") -> tuple[Any, Any, Any] | None:
+    def _stage(self, blob: Pickled, hash_later: bool = False) -> tuple[Any, Any, Any] | None:
         """``blob`` written into a shared-memory segment: what travels in its place, the
-        segment and the content hash (or a future of it, or ``None``: ``digest`` says);
-        ``None`` where it crosses the socket."""
+        segment and, ``hash_later``, the future of its content hash; ``None`` where it
+        crosses the socket."""
 
 
 #: Markers of code objects in a cloudpickle stream: functions or classes by value.
@@ -179,7 +179,12 @@ class InputLedger:
             # hashed on its way: see :meth:`pack`).
             fingerprint = sample(blob)
             before = self.held.get(name)
-            digest = blob.digest() if before is not None and before.sample == fingerprint else None
+            if not worth_sharing(blob):
+                digest: str | None = fingerprint  # a small value's sample is its hash
+            elif before is not None and before.sample == fingerprint:
+                digest = blob.digest()
+            else:
+                digest = None
             if before is not None and digest == before.digest():
                 shipped.entries.append((name, "cached", before.token))
                 shipped.held[name] = before
@@ -203,7 +208,7 @@ class InputLedger:
             index, fingerprint, digest = shipped.unpacked.pop(0)
             name, kind, blob = shipped.entries[index]
             sent: Any = blob
-            staged = self.owner._stage(blob, "never" if digest else "later") if self.owner is not None else None
+            staged = self.owner._stage(blob, hash_later=digest is None) if self.owner is not None else None
             if staged is not None:
                 sent, segment, later = staged
                 shipped.segments.append(segment)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
-import logging
 import os
 import threading
 import time
@@ -30,8 +29,6 @@ from typing import Any
 
 from .agent._protocol import Pickled
 from .agent._shared import SegmentName, Shared, create, digest_of, extent, layout, map_views, name_of, write_buffers
-
-log = logging.getLogger("jupyter_cluster")
 
 #: Seconds a free segment is kept for the next value.
 IDLE = 30.0
@@ -44,7 +41,7 @@ GRAIN = 2 << 20
 class Segment:
     """One memfd of the kernel's, mapped here for as long as it lives."""
 
-    __slots__ = ("__weakref__", "_view", "capacity", "fd", "freed_at", "hashing", "ino", "mapping")
+    __slots__ = ("__weakref__", "capacity", "fd", "freed_at", "hashing", "ino", "mapping", "view")
 
     def __init__(self, capacity: int) -> None:
         self.fd = create(capacity)
@@ -54,17 +51,13 @@ class Segment:
         #: The hash of what was written into it, while a thread still takes it (:meth:`SegmentPool.stage`).
         self.hashing: concurrent.futures.Future[str] | None = None
         try:
-            self.mapping, (self._view,) = map_views(self.fd, [(0, capacity)], writable=True)
+            self.mapping, (self.view,) = map_views(self.fd, [(0, capacity)], writable=True)
         except BaseException:
             os.close(self.fd)
             raise
 
     def name(self) -> SegmentName:
         return SegmentName(os.getpid(), self.fd, self.ino, self.capacity)
-
-    @property
-    def view(self) -> memoryview:
-        return self._view
 
     def after_hashing(self, then: Callable[[Segment], None]) -> None:
         """``then(self)`` once no thread hashes this segment any more (at once if none does)."""
@@ -78,7 +71,7 @@ class Segment:
         """Unmap and close it (a value still on it keeps its pages until it goes)."""
         if self.fd < 0:
             return
-        self._view.release()
+        self.view.release()
         with contextlib.suppress(BufferError):  # a view of the notebook's: the mapping goes with it
             self.mapping.close()
         os.close(self.fd)
@@ -156,28 +149,25 @@ class SegmentPool:
         return sum(s.capacity for s in self._free)
 
     # ---------------------------------------------------------------- values
-    def stage(self, blob: Pickled, digest: str = "now") -> tuple[Shared, Segment, str | Future[str] | None]:
+    def stage(self, blob: Pickled, hash_later: bool = False) -> tuple[Shared, Segment, Future[str] | None]:
         """Write ``blob``'s buffers into a segment: what travels in its place, the segment,
-        and the value's content hash (:meth:`Pickled.digest`'s), as ``digest`` says:
+        and, ``hash_later``, the future of the value's content hash (:meth:`Pickled.digest`'s).
 
-        - ``"now"``: taken while writing, and returned;
-        - ``"later"``: taken afterwards, from the segment, by a thread of its own, while the
-          value is on its way (a future is returned). For a value that differs from
-          anything sent under its name (:func:`._inputs.sample`): nothing needs its hash
-          at once. The segment waits for that thread before it is used again;
-        - ``"never"``: not taken (``None``).
+        That hash is taken from the segment, by a thread of its own, while the value is on
+        its way: for a value that differs from anything sent under its name
+        (:func:`._inputs.sample`), nothing needs it at once. The segment waits for that
+        thread before it is used again.
         """
         places = layout(blob.buffers)
         segment = self.take(max(1, extent(places)))
         try:
-            taken = write_buffers(segment.view, blob.data, blob.buffers, places, hashed=digest == "now")
+            write_buffers(segment.view, blob.buffers, places)
         except BaseException:
             segment.close()
             raise
-        if digest == "later":
+        if hash_later:
             segment.hashing = _idle_thread().submit(digest_of, segment.view, blob.data, places)
-            return Shared(blob.data, segment.name(), places), segment, segment.hashing
-        return Shared(blob.data, segment.name(), places), segment, taken
+        return Shared(blob.data, segment.name(), places), segment, segment.hashing
 
     def receive(self, shared: Shared, segment: Segment) -> Pickled:
         """The value the agent wrote into ``segment``: views on the kernel's mapping of it,

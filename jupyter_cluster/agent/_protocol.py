@@ -136,12 +136,13 @@ class Pickled:
     def load(self) -> Any:
         return pickle.loads(self.data, buffers=self.buffers)
 
-    def digest(self) -> str:
+    def digest(self, side_by_side: bool = True) -> str:
         """A content hash of the stream and its buffers.
 
-        A large buffer is hashed in pieces on several threads (hashlib lets go of the GIL),
-        and the pieces' hashes make the whole's: hashing a gigabyte takes half a second on
-        one core.
+        A large buffer is hashed in pieces, and the pieces' hashes make the whole's: on
+        several threads (hashlib lets go of the GIL; hashing a gigabyte takes half a second
+        on one core), or on this one alone (``side_by_side=False``: a hash taken in the
+        background, which leaves the other cores to the cluster).
         """
         h = hashlib.sha256(self.data)
         for buffer in self.buffers:
@@ -150,7 +151,8 @@ class Pickled:
                 h.update(view)
                 continue
             pieces = [view[i : i + HASH_PIECE] for i in range(0, len(view), HASH_PIECE)]
-            h.update(b"".join(_hashing_pool().map(_sha256, pieces)))
+            hashed = _hashing_pool().map(_sha256, pieces) if side_by_side else map(_sha256, pieces)
+            h.update(b"".join(hashed))
         return h.hexdigest()[:32]
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:

@@ -9,8 +9,8 @@ belongs to the kernel, so a kernel that dies (``kill -9`` included) takes its se
 with it: nothing is left in ``/dev/shm``, and the agent holds one only for as long as
 it copies.
 
-- **There**: the kernel writes a value's pickle-5 buffers into a segment, hashing each
-  piece as it is written (:func:`write_buffers`); the request carries a
+- **There**: the kernel writes a value's pickle-5 buffers into a segment
+  (:func:`write_buffers`); the request carries a
   :class:`Shared` in place of the bytes, and the agent ``ray.put``\\ s straight from the
   mapping (:meth:`Shared.pickled`): one copy, the one ``ray.put`` makes anyway.
 - **Back**: the kernel offers a segment with its ``get``; the agent writes the value's
@@ -24,7 +24,6 @@ kernel's descriptors. Standard library only: this runs on the head too.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import stat
@@ -32,13 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ._protocol import HASH_PIECE, Pickled, _hashing_pool, _size
+from ._protocol import Pickled, _size
 
 #: Every segment's memfd name: how a look at ``/proc/*/fd`` or ``/proc/*/maps`` tells ours.
 PREFIX = "jupyter_cluster"
 #: A value whose out-of-band buffers are smaller than this in all crosses the socket.
 SHARED_MIN = 1 << 20
-#: How much is copied at a time: small enough that the hash reads it from the cache.
+#: How much is copied at a time, the GIL held.
 COPY_CHUNK = 1 << 20
 #: Each buffer starts at a multiple of this in its segment (what numpy wants of an array).
 ALIGN = 64
@@ -120,60 +119,20 @@ def extent(places: Sequence[tuple[int, int]]) -> int:
     return max((offset + n for offset, n in places), default=0)
 
 
-def _copy(target: memoryview, source: memoryview, hasher: Any = None) -> None:
-    """Copy ``source`` into ``target`` a chunk at a time, each hashed as it is written (from the cache)."""
-    for start in range(0, len(source), COPY_CHUNK):
-        chunk = source[start : start + COPY_CHUNK]
-        target[start : start + len(chunk)] = chunk
-        if hasher is not None:
-            hasher.update(chunk)
-
-
-def _copy_piece(target: memoryview, source: memoryview) -> bytes:
-    hasher = hashlib.sha256()
-    _copy(target, source, hasher)
-    return hasher.digest()
-
-
-def write_buffers(
-    target: memoryview, data: bytes, buffers: Sequence[Any], places: Sequence[tuple[int, int]], hashed: bool = True
-) -> str | None:
-    """Copy ``buffers`` into ``target`` (a mapping of a segment) at ``places``; return the
-    content hash of ``data`` and the buffers, taken while they are copied (``hashed``), else
-    ``None``.
-
-    The hash is :meth:`Pickled.digest`'s, whichever way a value travels: a buffer of two
-    pieces or more is hashed a piece at a time, on threads side by side (hashlib lets go
-    of the GIL), each piece copied by the thread that hashes it.
-    """
-    whole = hashlib.sha256(data) if hashed else None
+def write_buffers(target: memoryview, buffers: Sequence[Any], places: Sequence[tuple[int, int]]) -> None:
+    """Copy ``buffers`` into ``target`` (a mapping of a segment) at ``places``, a chunk at a
+    time: the GIL is let go between chunks, so the link's thread answers meanwhile."""
     for buffer, (offset, nbytes) in zip(buffers, places, strict=True):
         source = memoryview(buffer).cast("B")
-        into = target[offset : offset + nbytes]
-        if whole is None or nbytes < 2 * HASH_PIECE:
-            _copy(into, source, whole)
-            continue
-        pieces = [
-            _hashing_pool().submit(_copy_piece, into[s : s + HASH_PIECE], source[s : s + HASH_PIECE])
-            for s in range(0, nbytes, HASH_PIECE)
-        ]
-        whole.update(b"".join(p.result() for p in pieces))
-    return whole.hexdigest()[:32] if whole is not None else None
+        for start in range(0, nbytes, COPY_CHUNK):
+            chunk = source[start : start + COPY_CHUNK]
+            target[offset + start : offset + start + len(chunk)] = chunk
 
 
 def digest_of(view: memoryview, data: bytes, places: Sequence[tuple[int, int]]) -> str:
     """:meth:`Pickled.digest` of a value already in a segment (``view`` maps it), on this
     thread alone: it is taken in the background, and leaves the other cores to the cluster."""
-    whole = hashlib.sha256(data)
-    for offset, nbytes in places:
-        buffer = view[offset : offset + nbytes]
-        if nbytes < 2 * HASH_PIECE:
-            whole.update(buffer)
-        else:
-            whole.update(
-                b"".join(hashlib.sha256(buffer[s : s + HASH_PIECE]).digest() for s in range(0, nbytes, HASH_PIECE))
-            )
-    return whole.hexdigest()[:32]
+    return Pickled(data, [view[offset : offset + n] for offset, n in places]).digest(side_by_side=False)
 
 
 def map_views(fd: int, places: Sequence[tuple[int, int]], writable: bool = False) -> tuple[mmap.mmap, list[memoryview]]:
@@ -245,7 +204,7 @@ def fill(name: SegmentName, blob: Pickled) -> Shared:
     finally:
         os.close(fd)  # the mapping keeps the segment
     try:
-        write_buffers(views[0], b"", blob.buffers, places, hashed=False)
+        write_buffers(views[0], blob.buffers, places)
     finally:
         views[0].release()
         mapping.close()

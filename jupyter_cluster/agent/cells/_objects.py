@@ -159,8 +159,9 @@ class ObjectTable:
             blob = await loop.run_in_executor(None, Pickled.of, value, cloudpickle.dumps)
         if not shared or not worth_sharing(blob):
             return blob
-        if into is None or buffer_bytes(blob) > into.size:
-            return Needs(buffer_bytes(blob))
+        needed = buffer_bytes(blob)
+        if into is None or needed > into.size:
+            return Needs(needed)
         try:
             return await loop.run_in_executor(None, fill, into, blob)
         except SegmentError as exc:
