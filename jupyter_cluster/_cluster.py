@@ -20,7 +20,6 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
 from typing import Any, cast
 
 from . import _environment, _sync, _views
@@ -48,7 +47,7 @@ from ._segments import Segment, release
 from ._segments import pool as segment_pool
 from ._status import ClusterLogs, ClusterStatus
 from ._views import ProgressView
-from .agent._protocol import Pickled
+from .agent._protocol import Digest, Pickled
 from .agent._shared import SHARED_MIN, Needs, Shared, worth_sharing
 from .agent.cells._execute import CellSpec, cell_filename
 
@@ -519,10 +518,10 @@ class Cluster:
         handle_id, meta = self._call("put", {"value": sent}, timeout=None, segments=owned)
         return ObjectHandle(handle_id, meta, cluster=self)
 
-    def _stage(self, blob: Pickled, hash_later: bool = False) -> tuple[Shared, Segment, Future[str] | None] | None:
+    def _stage(self, blob: Pickled, hash_later: bool = False) -> tuple[Shared, Segment, Digest | None] | None:
         """``blob``, if it is large and the agent shares this machine, written into a segment
         of shared memory (:mod:`._segments`): what travels in its place, the segment, and
-        the future of its content hash (``hash_later``: see :meth:`.SegmentPool.stage`)."""
+        its content hash still to be taken (``hash_later``: see :meth:`.SegmentPool.stage`)."""
         if not self._link.shared or not worth_sharing(blob):
             return None
         return segment_pool().stage(blob, hash_later)

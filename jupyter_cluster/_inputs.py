@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import types
 import uuid
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,7 +20,7 @@ import cloudpickle
 
 from ._errors import InputError, failed_input
 from ._handles import ObjectHandle
-from .agent._protocol import Pickled
+from .agent._protocol import Digest, Pickled
 from .agent._shared import worth_sharing
 
 
@@ -31,9 +30,9 @@ class Held:
 
     #: What the agent knows it by: its hash, or, sent before its hash was taken, a name of its own.
     token: str
-    #: Its :func:`sample`, and its content hash (:meth:`Pickled.digest`), or the future of one being taken.
+    #: Its :func:`sample`, and its content hash (:meth:`Pickled.digest`), or that hash still to be taken.
     sample: str
-    hash: str | Future[str]
+    hash: str | Digest
 
     def digest(self) -> str:
         return self.hash if isinstance(self.hash, str) else self.hash.result()
@@ -68,7 +67,7 @@ class InputOwner(Protocol):
 
     def _stage(self, blob: Pickled, hash_later: bool = False) -> tuple[Any, Any, Any] | None:
         """``blob`` written into a shared-memory segment: what travels in its place, the
-        segment and, ``hash_later``, the future of its content hash; ``None`` where it
+        segment and, ``hash_later``, its content hash still to be taken; ``None`` where it
         crosses the socket."""
 
 

@@ -24,11 +24,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
-from .agent._protocol import Pickled
-from .agent._shared import SegmentName, Shared, create, digest_of, extent, layout, map_views, name_of, write_buffers
+from .agent._protocol import Digest, Pickled
+from .agent._shared import SegmentName, Shared, create, extent, layout, map_views, name_of, write_buffers
 
 #: Seconds a free segment is kept for the next value.
 IDLE = 30.0
@@ -48,8 +47,8 @@ class Segment:
         self.capacity = capacity
         self.ino = name_of(self.fd).ino
         self.freed_at = 0.0
-        #: The hash of what was written into it, while a thread still takes it (:meth:`SegmentPool.stage`).
-        self.hashing: concurrent.futures.Future[str] | None = None
+        #: The hash of what was written into it, while it is still to be taken (:meth:`SegmentPool.stage`).
+        self.hashing: Digest | None = None
         try:
             self.mapping, (self.view,) = map_views(self.fd, [(0, capacity)], writable=True)
         except BaseException:
@@ -60,12 +59,14 @@ class Segment:
         return SegmentName(os.getpid(), self.fd, self.ino, self.capacity)
 
     def after_hashing(self, then: Callable[[Segment], None]) -> None:
-        """``then(self)`` once no thread hashes this segment any more (at once if none does)."""
+        """``then(self)`` once the hash of what it holds is taken (at once if there is none to take).
+        The agent is done with it by now: the hash is taken in the background from here on."""
         hashing = self.hashing
         if hashing is None or hashing.done():
             then(self)
         else:
             hashing.add_done_callback(lambda _: then(self))
+            _idle_thread().submit(hashing.run)
 
     def close(self) -> None:
         """Unmap and close it (a value still on it keeps its pages until it goes)."""
@@ -88,6 +89,8 @@ class SegmentPool:
         self.idle = idle
         self.keep = keep
         self._free: list[Segment] = []
+        #: Segments given back whose hash is still to be taken (they come to :attr:`_free` then).
+        self._hashing: set[Segment] = set()
         # Reentrant: a value's end gives its segment back from the garbage collector, which may run while this
         # thread is inside the pool already.
         self._lock = threading.RLock()
@@ -96,9 +99,18 @@ class SegmentPool:
         self.made = self.reused = 0
 
     def take(self, nbytes: int) -> Segment:
-        """A segment of at least ``nbytes``: the smallest free one that is not much bigger, else a new one."""
+        """A segment of at least ``nbytes``: the smallest free one that is not much bigger, else a new one.
+
+        A segment that waits for its hash (on a machine too busy to take it in the background)
+        is not passed over for a new one: its hash is taken now, here.
+        """
         with self._lock:
-            fits = [s for s in self._free if nbytes <= s.capacity <= 2 * nbytes + GRAIN]
+            free = any(self._fits(s, nbytes) for s in self._free)
+            waiting = [s for s in self._hashing if self._fits(s, nbytes) and s.hashing is not None]
+        if waiting and not free:
+            min(waiting, key=lambda s: s.capacity).hashing.result()  # type: ignore[union-attr]  # then it is free
+        with self._lock:
+            fits = [s for s in self._free if self._fits(s, nbytes)]
             if fits:
                 segment = min(fits, key=lambda s: s.capacity)
                 self._free.remove(segment)
@@ -107,15 +119,22 @@ class SegmentPool:
             self.made += 1
         return Segment(max(GRAIN, -(-nbytes // GRAIN) * GRAIN))
 
+    @staticmethod
+    def _fits(segment: Segment, nbytes: int) -> bool:
+        return nbytes <= segment.capacity <= 2 * nbytes + GRAIN
+
     def give(self, segment: Segment) -> None:
         """``segment`` is no one's now: keep it for the next value (or close it, past :attr:`keep`)."""
         if segment.fd < 0:
             return
         if segment.hashing is not None and not segment.hashing.done():
+            with self._lock:
+                self._hashing.add(segment)
             segment.after_hashing(self.give)
             return
         segment.freed_at = time.monotonic()
         with self._lock:
+            self._hashing.discard(segment)
             self._free.append(segment)
             while len(self._free) > self.keep:
                 self._free.pop(0).close()  # the one freed longest ago
@@ -149,14 +168,15 @@ class SegmentPool:
         return sum(s.capacity for s in self._free)
 
     # ---------------------------------------------------------------- values
-    def stage(self, blob: Pickled, hash_later: bool = False) -> tuple[Shared, Segment, Future[str] | None]:
+    def stage(self, blob: Pickled, hash_later: bool = False) -> tuple[Shared, Segment, Digest | None]:
         """Write ``blob``'s buffers into a segment: what travels in its place, the segment,
-        and, ``hash_later``, the future of the value's content hash (:meth:`Pickled.digest`'s).
+        and, ``hash_later``, the value's content hash still to be taken (:class:`.Digest`).
 
-        That hash is taken from the segment, by a thread of its own, while the value is on
-        its way: for a value that differs from anything sent under its name
-        (:func:`._inputs.sample`), nothing needs it at once. The segment waits for that
-        thread before it is used again.
+        For a value that differs from anything sent under its name (:func:`._inputs.sample`),
+        nothing needs that hash at once. It is taken from the segment once the agent is done
+        with it, in the background (a thread that runs when a core is free), or at once by
+        whoever needs it first: a later cell whose value has the same sample, or
+        :meth:`take`. The segment waits for it before it is used again.
         """
         places = layout(blob.buffers)
         segment = self.take(max(1, extent(places)))
@@ -166,7 +186,7 @@ class SegmentPool:
             segment.close()
             raise
         if hash_later:
-            segment.hashing = _idle_thread().submit(digest_of, segment.view, blob.data, places)
+            segment.hashing = Digest(Pickled(blob.data, [segment.view[offset : offset + n] for offset, n in places]))
         return Shared(blob.data, segment.name(), places), segment, segment.hashing
 
     def receive(self, shared: Shared, segment: Segment) -> Pickled:

@@ -19,6 +19,7 @@ import gc
 import os
 import pickle
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,7 @@ from jupyter_cluster._errors import RequestError
 from jupyter_cluster._inputs import sample
 from jupyter_cluster._link import AgentLink, UnixTransport
 from jupyter_cluster.agent import _shared as shared
-from jupyter_cluster.agent._protocol import HASH_PIECE, Pickled
+from jupyter_cluster.agent._protocol import HASH_PIECE, HASH_STEP, Digest, Pickled
 
 from .kernel import attach_second, text
 from .test_worker_output import _agent_of
@@ -58,7 +59,7 @@ def test_a_value_written_into_a_segment_hashes_as_on_the_socket_and_reads_back(b
     sent, segment, digest = pool.stage(blob, hash_later=True)  # taken afterwards, from the segment
     try:
         assert digest is not None
-        assert digest.result(60) == blob.digest()  # the ledger's caching is the same whichever way a value goes
+        assert digest.result() == blob.digest()  # the ledger's caching is the same whichever way a value goes
         assert pool.stage(blob)[2] is None  # (jc.put's: no hash at all)
         wire = pickle.dumps(sent, protocol=5)
         assert len(wire) < 64 * 1024, "the value's bytes went into the message"
@@ -76,6 +77,58 @@ def test_a_value_written_into_a_segment_hashes_as_on_the_socket_and_reads_back(b
     finally:
         segment.close()
         pool.clear()
+
+
+@contextlib.contextmanager
+def _background_hashing_held() -> Iterator[None]:
+    """The kernel's background hashing thread kept busy, as on a machine whose cores are all taken
+    (it runs only when one is free)."""
+    release = threading.Event()
+    started = threading.Event()
+    _segments._idle_thread().submit(lambda: (started.set(), release.wait(300)))
+    assert started.wait(30)
+    try:
+        yield
+    finally:
+        release.set()
+
+
+def test_a_hash_left_to_the_background_is_finished_by_whoever_needs_it() -> None:
+    value = {"big": np.arange((2 * HASH_PIECE + 5 * MiB) // 8, dtype=np.float64)}
+    value["small"] = [np.full(1000 + i, i % 251, dtype=np.uint8) for i in range(300)]  # grouped into one piece
+    blob = Pickled.of(value, cloudpickle.dumps)
+    whole = blob.digest()
+    assert Pickled.of(value, cloudpickle.dumps).digest(side_by_side=False) == whole
+    value["small"][150][7] += 1
+    assert Pickled.of(value, cloudpickle.dumps).digest() != whole, "a change in a small buffer went unseen"
+    value["small"][150][7] -= 1
+
+    # The background got three steps into the first piece, and holds the second mid-step when it is needed.
+    digest = Digest(blob)
+    first, second = digest._pieces[0], digest._pieces[1]
+    steps = iter(range(4))
+    with first.lock:
+        first.work(stop=lambda: next(steps) == 3)
+    assert first.digest is None and first.offset == 3 * HASH_STEP
+    second.lock.acquire()
+    threading.Timer(0.3, second.lock.release).start()
+    assert digest.result() == whole and not digest._pieces[0].views, "the views on the value were kept"
+    done: list[str] = []
+    again = Digest(blob)
+    again.add_done_callback(lambda d: done.append(d.result()))
+    again.run()  # all of it in the background
+    assert done == [whole]
+
+    # A segment given back before its hash is taken, on a machine too busy to take it: the next value of its
+    # size does not get a new segment; the hash is taken then, and the segment reused.
+    pool = _segments.SegmentPool()
+    with _background_hashing_held():
+        _sent, segment, staged = pool.stage(blob, hash_later=True)
+        pool.give(segment)
+        assert staged is not None and not staged.done() and segment in pool._hashing
+        assert pool.take(blob.nbytes) is segment and staged.done() and staged.result() == whole
+    pool.give(segment)
+    pool.clear()
 
 
 def test_a_segment_is_opened_only_by_its_inode_and_only_if_it_is_one() -> None:
@@ -154,6 +207,24 @@ def test_large_values_go_there_and_back_through_shared_memory(cluster: jc.Cluste
     assert sample(Pickled.of(x)) == again._shipped.held["x"].sample, "the test's change is not between the samples"
     changed = cluster.run_cell("s = float(x.sum())", namespace={"x": x})
     assert changed._shipped.entries[0][1] == "value" and changed.result(60).outputs["s"] == float(x.sum())
+
+
+def test_a_busy_machine_holds_up_no_cell_whose_input_is_unchanged(cluster: jc.Cluster) -> None:
+    """The hash of a value sent through shared memory is taken when a core is free. On a machine
+    whose cores are all taken it is not, and the next cell that sends the value must not wait for one."""
+    x = np.arange(8 * MiB // 8, dtype=np.float64) + 7
+    with _background_hashing_held():
+        first = cluster.run_cell("s = float(x.sum())", namespace={"x": x})
+        assert first._shipped.entries[0][1] == "value" and first.result(60).outputs["s"] == float(x.sum())
+        held = first._shipped.held["x"].hash
+        assert isinstance(held, Digest) and not held.done(), "the hash was taken on the value's way"
+        answers: list[Any] = []
+        second = functools.partial(cluster.run_cell, "t = float(x.max())", namespace={"x": x})
+        worker = threading.Thread(target=lambda: answers.append(second()))
+        worker.start()
+        worker.join(60)
+        assert answers, "the second cell waited for the background hash"
+        assert answers[0]._shipped.entries[0][1] == "cached" and answers[0].result(60).outputs["t"] == float(x.max())
 
 
 def test_a_segment_that_is_gone_is_said_and_the_session_goes_on(cluster: jc.Cluster) -> None:

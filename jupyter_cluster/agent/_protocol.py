@@ -23,6 +23,7 @@ import json
 import os
 import pickle
 import struct
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -85,8 +86,10 @@ def loads(data: bytes, buffers: Buffers = ()) -> Any:
     return pickle.loads(data, buffers=buffers)
 
 
-#: Buffers of twice this size and more are hashed in pieces of it, side by side.
+#: A value is hashed in pieces of about this size (its small buffers grouped, a large one cut), side by side.
 HASH_PIECE = 32 << 20
+#: A piece is hashed this much at a time, so that another thread can take over between steps.
+HASH_STEP = 1 << 20
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
@@ -97,8 +100,122 @@ def _hashing_pool() -> concurrent.futures.ThreadPoolExecutor:
     return _pool
 
 
-def _sha256(piece: memoryview) -> bytes:
-    return hashlib.sha256(piece).digest()
+class _Piece:
+    """Consecutive bytes of a value, hashed a step at a time by whichever thread holds its lock."""
+
+    __slots__ = ("at", "digest", "h", "lock", "offset", "views")
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self.views = views
+        self.h = hashlib.sha256()
+        self.at = self.offset = 0
+        self.lock = threading.Lock()
+        self.digest: bytes | None = None
+
+    def work(self, stop: Callable[[], bool] | None = None) -> None:
+        """Hash on to the end, or until ``stop()`` (asked between steps). The caller holds :attr:`lock`."""
+        while self.at < len(self.views):
+            view = self.views[self.at]
+            if self.offset >= len(view):
+                self.at, self.offset = self.at + 1, 0
+                continue
+            if stop is not None and stop():
+                return
+            self.h.update(view[self.offset : self.offset + HASH_STEP])
+            self.offset += HASH_STEP
+        self.digest = self.h.digest()
+
+
+class Digest:
+    """:meth:`Pickled.digest`, taken piece by piece: by one thread in the background
+    (:meth:`run`), and finished at once by whoever needs it (:meth:`result`).
+
+    A thread that hashes in the background runs only when a core is free. On a busy
+    machine it may not run for a long time, and nothing may wait for it: whoever asks for
+    the result takes over, picks up the pieces where they were left (a piece is handed
+    over between two steps of :data:`HASH_STEP`) and hashes the rest side by side.
+    """
+
+    def __init__(self, blob: Pickled) -> None:
+        self._data = blob.data
+        self._pieces: list[_Piece] = []
+        group: list[memoryview] = []
+        grouped = 0
+        for buffer in blob.buffers:
+            view = memoryview(buffer).cast("B")
+            if len(view) >= HASH_PIECE:
+                self._pieces += [_Piece([view[i : i + HASH_PIECE]]) for i in range(0, len(view), HASH_PIECE)]
+                continue
+            group.append(view)
+            grouped += len(view)
+            if grouped >= HASH_PIECE:
+                self._pieces.append(_Piece(group))
+                group, grouped = [], 0
+        if group:
+            self._pieces.append(_Piece(group))
+        self._hurry = False
+        self._lock = threading.Lock()
+        self._value: str | None = None
+        self._callbacks: list[Callable[[Digest], Any]] = []
+
+    def run(self) -> None:
+        """Hash in the background, until done or until :meth:`result` takes over."""
+        for piece in self._pieces:
+            if self._hurry or not piece.lock.acquire(blocking=False):
+                return  # taken over
+            try:
+                if piece.digest is None:
+                    piece.work(lambda: self._hurry)
+            finally:
+                piece.lock.release()
+        self._finish()
+
+    def result(self, side_by_side: bool = True) -> str:
+        """The hash: what is left of it taken now, on several threads (``side_by_side``: hashlib
+        lets go of the GIL), or on this one alone."""
+        if self._value is None:
+            self._hurry = True
+            left = [piece for piece in self._pieces if piece.digest is None]
+            if side_by_side and len(left) > 1:
+                list(_hashing_pool().map(_finish_piece, left))
+            else:
+                for piece in left:
+                    _finish_piece(piece)
+            self._finish()
+        assert self._value is not None
+        return self._value
+
+    def done(self) -> bool:
+        return self._value is not None
+
+    def add_done_callback(self, then: Callable[[Digest], Any]) -> None:
+        """``then(self)`` once the hash is taken (at once if it is)."""
+        with self._lock:
+            if self._value is None:
+                self._callbacks.append(then)
+                return
+        then(self)
+
+    def _finish(self) -> None:
+        with self._lock:
+            if self._value is not None or any(piece.digest is None for piece in self._pieces):
+                return
+            h = hashlib.sha256(self._data)
+            for piece in self._pieces:
+                h.update(piece.digest or b"")
+                for view in piece.views:
+                    view.release()  # the bytes may be a segment's, which cannot close while a view is out
+                piece.views = []
+            self._value = h.hexdigest()[:32]
+            callbacks, self._callbacks = self._callbacks, []
+        for then in callbacks:
+            then(self)
+
+
+def _finish_piece(piece: _Piece) -> None:
+    with piece.lock:
+        if piece.digest is None:
+            piece.work()
 
 
 class Pickled:
@@ -137,23 +254,9 @@ class Pickled:
         return pickle.loads(self.data, buffers=self.buffers)
 
     def digest(self, side_by_side: bool = True) -> str:
-        """A content hash of the stream and its buffers.
-
-        A large buffer is hashed in pieces, and the pieces' hashes make the whole's: on
-        several threads (hashlib lets go of the GIL; hashing a gigabyte takes half a second
-        on one core), or on this one alone (``side_by_side=False``: a hash taken in the
-        background, which leaves the other cores to the cluster).
-        """
-        h = hashlib.sha256(self.data)
-        for buffer in self.buffers:
-            view = memoryview(buffer).cast("B")
-            if len(view) < 2 * HASH_PIECE:
-                h.update(view)
-                continue
-            pieces = [view[i : i + HASH_PIECE] for i in range(0, len(view), HASH_PIECE)]
-            hashed = _hashing_pool().map(_sha256, pieces) if side_by_side else map(_sha256, pieces)
-            h.update(b"".join(hashed))
-        return h.hexdigest()[:32]
+        """A content hash of the stream and its buffers (:class:`Digest`): on several threads
+        (hashing a gigabyte takes half a second on one core), or on this one alone."""
+        return Digest(self).result(side_by_side)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         if isinstance(protocol, int) and protocol >= 5:

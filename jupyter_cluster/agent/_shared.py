@@ -129,12 +129,6 @@ def write_buffers(target: memoryview, buffers: Sequence[Any], places: Sequence[t
             target[offset + start : offset + start + len(chunk)] = chunk
 
 
-def digest_of(view: memoryview, data: bytes, places: Sequence[tuple[int, int]]) -> str:
-    """:meth:`Pickled.digest` of a value already in a segment (``view`` maps it), on this
-    thread alone: it is taken in the background, and leaves the other cores to the cluster."""
-    return Pickled(data, [view[offset : offset + n] for offset, n in places]).digest(side_by_side=False)
-
-
 def map_views(fd: int, places: Sequence[tuple[int, int]], writable: bool = False) -> tuple[mmap.mmap, list[memoryview]]:
     """Map the part of ``fd`` that ``places`` use, its pages faulted in at once
     (``MAP_POPULATE``), and a view of each buffer. The mapping lives while a view does."""
