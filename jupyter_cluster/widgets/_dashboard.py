@@ -12,6 +12,7 @@ the sampling (when no other dashboard watches) and leaves that snapshot in place
 
 from __future__ import annotations
 
+import contextlib
 import html
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets
 
+from .. import _cluster
 from .._feed import MetricsFeed, other_jobs_said, state_groups, system_said
 from .._handles import format_size
 from ..agent.watching._metrics import NodeSample, totals
@@ -279,6 +281,7 @@ class Dashboard(ipywidgets.VBox):
         for t, cluster_totals in list(self.feed.history)[-int(window) :]:
             self._stream_point(t, cluster_totals)
         self._token = self.feed.subscribe(self._on_feed)
+        _cluster.watchers.append(self._on_cluster)
         threading.Thread(target=self._age_ticks, name="jupyter-cluster-dashboard-age", daemon=True).start()
         with self._lock:  # the first sample may be drawing already, in the feed's thread
             drawn = bool(self.feed.nodes)
@@ -304,6 +307,20 @@ class Dashboard(ipywidgets.VBox):
             if kind in ("link", "ended"):
                 self._said = (kind, data)
             self.header.value = self._header(*self._said)
+
+    def _on_cluster(self, kind: str, data: Any) -> None:
+        if kind == "cell" and getattr(data, "cluster", None) is self.cluster:
+            data.add_done_callback(self._cell_ended)
+
+    def _cell_ended(self, cell: Any) -> None:
+        """Draw a cell's end at once, as its progress bar and the sidebar do: the next sample can come
+        seconds late on a busy machine, and until then the work rows would say it still runs."""
+        with self._lock:
+            if self.closed:
+                return
+            if cell.mode == "map" and (self._last_map is None or cell.submitted >= self._last_map.submitted):
+                self._last_map = cell
+            self._draw_states()
 
     def _age_ticks(self) -> None:
         """Say the figures' age once a second while they are older than :data:`AGE_SAID` (nothing else redraws
@@ -531,6 +548,8 @@ class Dashboard(ipywidgets.VBox):
         token = getattr(self, "_token", None)
         if token is not None:
             self.feed.unsubscribe(token)
+        with contextlib.suppress(ValueError):
+            _cluster.watchers.remove(self._on_cluster)
         final = {"text/html": self.snapshot(), "text/plain": repr(self)}
         for handle in self._displays:
             handle.update(final, raw=True)
