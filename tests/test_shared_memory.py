@@ -154,6 +154,36 @@ def test_a_segment_is_opened_only_by_its_inode_and_only_if_it_is_one() -> None:
         os.close(fd)
 
 
+def _mapped_here(ino: int) -> bool:
+    return any(line.split()[4] == str(ino) for line in Path("/proc/self/maps").read_text().splitlines())
+
+
+def test_the_agent_keeps_its_mapping_of_a_segment_while_the_kernel_keeps_the_segment() -> None:
+    maps = shared.Mappings(sweep=0.1)
+    fd = shared.create(4 * MiB)
+    name = shared.name_of(fd)
+    os.pwrite(fd, b"abc", 0)
+    view = maps.view(name, 4 * MiB)
+    assert bytes(view[:3]) == b"abc"
+    view[3:6] = b"def"  # the agent's way back: written into the kernel's segment
+    view.release()
+    assert os.pread(fd, 6, 0) == b"abcdef"
+    kept = maps._maps[name]
+    maps.view(name, MiB).release()
+    assert maps._maps[name] is kept and len(maps) == 1, "the mapping was not used again"
+    # A copy still reads one segment when its kernel closes it; the other is closed while nobody reads it.
+    other = shared.create(2 * MiB)
+    other_name = shared.name_of(other)
+    reading = maps.view(other_name, 2 * MiB)
+    os.close(fd)
+    os.close(other)
+    assert _until(lambda: len(maps) == 0, 10, 0.05), "the mappings of closed segments were kept"
+    assert not _mapped_here(name.ino), "the memory of a closed segment is still mapped"
+    assert bytes(reading[:2]) == b"\0\0" and _mapped_here(other_name.ino)  # the copy reads on
+    reading.release()
+    assert not _mapped_here(other_name.ino), "a segment was still mapped once its last copy ended"
+
+
 def test_the_pool_reuses_segments_keeps_a_few_and_gives_them_back_when_idle() -> None:
     pool = _segments.SegmentPool(idle=0.5, keep=2)
     first = pool.take(5 * MiB)
@@ -305,18 +335,26 @@ def _released(cluster: jc.Cluster, handle_id: str) -> bool:
 # ------------------------------------------------------------- kill -9
 
 
-def _segments_held(pid: int) -> list[str]:
-    """The segments ``pid`` holds: as descriptors, and as mappings."""
-    held = []
+def _inodes(pid: int) -> set[int]:
+    """The inodes of the segments ``pid`` has open."""
+    found = set()
     with contextlib.suppress(OSError):
         for fd in os.listdir(f"/proc/{pid}/fd"):
+            path = f"/proc/{pid}/fd/{fd}"
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"/memfd:{shared.PREFIX}"):
-                    held.append(f"fd {fd}")
+                if os.readlink(path).startswith(f"/memfd:{shared.PREFIX}"):
+                    found.add(os.stat(path).st_ino)
+    return found
+
+
+def _segments_held(pid: int, of: set[int] | None = None) -> list[str]:
+    """The segments ``pid`` holds, as descriptors and as mappings: all of them, or those whose inode is in ``of``."""
+    held = [f"fd of inode {ino}" for ino in _inodes(pid) if of is None or ino in of]
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-            if f"/memfd:{shared.PREFIX}" in line:
-                held.append(line.split()[0])
+            fields = line.split()
+            if f"/memfd:{shared.PREFIX}" in line and (of is None or int(fields[4]) in of):
+                held.append(fields[0])
     return held
 
 
@@ -378,29 +416,41 @@ def test_a_kernel_killed_mid_transfer_leaves_no_segment_behind(cluster: jc.Clust
     second = attach_second(*_agent_of(cluster), name=f"killed-{POINTS.index(point)}-{time.time():.0f}")
     pid = second.km.provisioner.process.pid  # type: ignore[union-attr]
     try:
+        # Every value in a new segment, kept by nobody once used: the one the agent copies is told by its inode (the
+        # agent keeps its mappings of a kernel's segments while the kernel keeps them).
+        second.ok("from jupyter_cluster import _segments\n_segments.pool().keep = 0")
         second.ok(f"import numpy as np\nx = np.full({VALUE // 8}, 2.0)")
         if point in ("agent writing back", "holding the value"):
             second.ok("%%remote\ny = x + 1")
+        # (The agent keeps its mappings of other kernels' segments, this test's own among them: the dead kernel's
+        # count.)
+        theirs: set[int] = set()
         if point == "holding the value":
             second.ok("z = jc.get(y)\nassert z[-1] == 3.0")
+            theirs = _inodes(pid)
             os.kill(pid, signal.SIGKILL)
         elif point == "writing its segment":
             second.kc.execute("%%remote\ny = x + 1")
             assert _until(lambda: _big_segment(pid, VALUE), 60), "the kernel never made its segment"
+            theirs = _inodes(pid)
             os.kill(pid, signal.SIGKILL)
         else:
+            before = _inodes(pid)
             second.kc.execute("%%remote\ny = x + 1" if point == "agent reading it" else "z = jc.get(y)")
-            assert _until(lambda: _segments_held(agent_pid), 60), "the agent never opened the kernel's segment"
+            opened = _until(lambda: _segments_held(agent_pid, of=_inodes(pid) - before), 60)
+            assert opened, "the agent never opened the kernel's segment"
             with _held_still(agent_pid):  # inside its copy, for sure
+                theirs = _inodes(pid)
                 os.kill(pid, signal.SIGKILL)
                 _until(lambda: not os.path.exists(f"/proc/{pid}/fd"), 10, 0.01)
+        assert theirs, "the kernel had no segment when it was killed"
         # Once the agent is done with its copy, nobody holds a segment of the dead kernel, nor is one in /dev/shm.
         processes = _tree(agent_pid)
         left: dict[int, list[str]] = {}
 
         def none_left() -> bool:
             left.clear()
-            left.update({p: h for p in processes if (h := _segments_held(p))})
+            left.update({p: h for p in processes if (h := _segments_held(p, of=theirs))})
             return not left
 
         assert _until(none_left, 60, 0.2), f"segments left after kill -9 {point}: {left}"

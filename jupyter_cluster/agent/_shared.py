@@ -6,8 +6,9 @@ them in *segments*: memfds of its own (``memfd_create``), which it names to the 
 by process id, descriptor number and inode (:class:`SegmentName`). The agent opens a
 segment through ``/proc/PID/fd/N`` and maps it, or writes into it. Every segment
 belongs to the kernel, so a kernel that dies (``kill -9`` included) takes its segments
-with it: nothing is left in ``/dev/shm``, and the agent holds one only for as long as
-it copies.
+with it: nothing is left in ``/dev/shm``. The agent keeps its mapping of a segment for
+the next value (:class:`Mappings`), and lets go of it within a second of the kernel
+closing the segment, or dying.
 
 - **There**: the kernel writes a value's pickle-5 buffers into a segment
   (:func:`write_buffers`); the request carries a
@@ -24,9 +25,13 @@ kernel's descriptors. Standard library only: this runs on the head too.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -157,16 +162,16 @@ class Shared:
     def nbytes(self) -> int:
         return len(self.data) + sum(n for _, n in self.places)
 
-    def pickled(self, writable: bool = False) -> Pickled:
+    def pickled(self) -> Pickled:
         """The value as a :class:`Pickled` whose buffers are views on a mapping of the
-        segment (opened through ``/proc``: on the agent's side). Not on an event loop:
-        mapping faults in every page."""
-        fd = open_segment(self.segment, writable)
+        segment (opened through ``/proc``: on the agent's side, where the mapping is kept
+        for the next value: :func:`mapped`). Not on an event loop: a new mapping faults
+        in every page."""
+        whole = mapped(self.segment, extent(self.places))
         try:
-            _, views = map_views(fd, self.places, writable)
+            return Pickled(self.data, [whole[offset : offset + n] for offset, n in self.places])
         finally:
-            os.close(fd)  # the mapping keeps the segment
-        return Pickled(self.data, views)
+            whole.release()
 
     def load(self) -> Any:
         return self.pickled().load()
@@ -192,17 +197,100 @@ class Needs:
 def fill(name: SegmentName, blob: Pickled) -> Shared:
     """Write ``blob``'s buffers into the kernel's segment ``name`` (the agent's way back)."""
     places = layout(blob.buffers)
-    fd = open_segment(name, writable=True)
+    whole = mapped(name, extent(places))
     try:
-        mapping, views = map_views(fd, [(0, extent(places))], writable=True)
+        write_buffers(whole, blob.buffers, places)
     finally:
-        os.close(fd)  # the mapping keeps the segment
-    try:
-        write_buffers(views[0], blob.buffers, places)
-    finally:
-        views[0].release()
-        mapping.close()
+        whole.release()
     return Shared(blob.data, name, places)
+
+
+# ------------------------------------------------------- the agent's mappings
+
+#: Seconds between two looks at whether the segments the agent keeps mapped are still their kernels'.
+SWEEP = 1.0
+#: Mappings of the kernels' segments the agent keeps at most.
+KEPT = 8
+
+
+class Mappings:
+    """The agent's mappings of the kernels' segments, kept for the next value.
+
+    Mapping a segment of 256 MiB (its page tables made at once) takes 20 ms on each side of
+    a round; a kernel reuses its segments (``_segments``), so the agent keeps its mappings
+    too. A mapping is used again only while ``/proc/PID/fd/N`` is still the same segment. A
+    thread looks every :data:`SWEEP` seconds, and lets go of the mappings of a segment its
+    kernel closed, or of a kernel that died: the memory is not held past that.
+    """
+
+    def __init__(self, sweep: float = SWEEP, keep: int = KEPT) -> None:
+        self.sweep = sweep
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._maps: OrderedDict[SegmentName, mmap.mmap] = OrderedDict()
+        self._sweeper: threading.Thread | None = None
+
+    def view(self, name: SegmentName, length: int) -> memoryview:
+        """A writable view of the first ``length`` bytes of the kernel's segment ``name``."""
+        with self._lock:
+            kept = self._maps.get(name)
+            if kept is not None and len(kept) >= length and _still(name):
+                self._maps.move_to_end(name)
+                return memoryview(kept)
+        fd = open_segment(name, writable=True)
+        try:
+            mapping, _ = map_views(fd, [(0, max(length, 1))], writable=True)
+        finally:
+            os.close(fd)  # the mapping keeps the segment
+        with self._lock:
+            self._let_go(self._maps.pop(name, None))
+            self._maps[name] = mapping
+            while len(self._maps) > self.keep:
+                self._let_go(self._maps.popitem(last=False)[1])
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(target=self._sweep, name="jupyter-cluster-segments", daemon=True)
+                self._sweeper.start()
+            return memoryview(mapping)
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def clear(self) -> None:
+        with self._lock:
+            while self._maps:
+                self._let_go(self._maps.popitem()[1])
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(self.sweep)
+            with self._lock:
+                for name in [n for n in self._maps if not _still(n)]:
+                    self._let_go(self._maps.pop(name))
+                if not self._maps:
+                    self._sweeper = None
+                    return
+
+    @staticmethod
+    def _let_go(mapping: mmap.mmap | None) -> None:
+        if mapping is not None:
+            with contextlib.suppress(BufferError):  # a copy still reads it: unmapped when its views go
+                mapping.close()
+
+
+def _still(name: SegmentName) -> bool:
+    """Whether ``/proc/PID/fd/N`` is still the segment ``name`` (the kernel lives, and has not closed it)."""
+    try:
+        return os.stat(f"/proc/{int(name.pid)}/fd/{int(name.fd)}").st_ino == name.ino
+    except OSError:
+        return False
+
+
+_mappings = Mappings()
+
+
+def mapped(name: SegmentName, length: int) -> memoryview:
+    """A writable view of the kernel's segment ``name``, on the mapping this process keeps of it."""
+    return _mappings.view(name, length)
 
 
 def buffer_bytes(blob: Pickled) -> int:
@@ -255,6 +343,7 @@ __all__ = [
     "create",
     "fill",
     "map_views",
+    "mapped",
     "name_of",
     "open_segment",
     "probe",
