@@ -38,8 +38,12 @@ DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
 log = logging.getLogger("jupyter_cluster")
 
 DASHBOARD_PORT = 8265
-#: What `ray start` says when its raylet did not register with the GCS within Ray's 30 s.
-STARTUP_TIMEOUT = "timed out during startup"
+#: What ``ray start`` says when its node did not come up in the windows Ray gives it: the raylet waits 15 s for
+#: its dashboard agent (a Python process, slow to start on a busy host) to say its ports, and dies past that;
+#: ``ray start`` waits 30 s for the raylet. A busy host's start, which another try usually gets through.
+STARTUP_TIMED_OUT = "timed out during startup"
+#: How many times a ``ray start`` that timed out so is tried, on the head and on each worker.
+START_ATTEMPTS = 3
 
 
 @dataclass
@@ -97,14 +101,9 @@ async def _head_token(head: RemoteHead) -> str:
     return token
 
 
-#: What ``ray start`` says when the raylet took longer than the 30 s Ray gives it to register (a constant of
-#: ``ray._private.node``): a busy head's start, which a second try usually gets through.
-STARTUP_TIMED_OUT = "timed out during startup"
-
-
 async def _start_head(head: RemoteHead, port: int) -> StartedRay:
     token = await _head_token(head)
-    for attempt in (1, 2):
+    for attempt in range(1, START_ATTEMPTS + 1):
         temp = f"/tmp/jc-{secrets.token_hex(4)}"
         done = await head.start_ray(
             f"start --head --port {port} --dashboard-host 127.0.0.1 --temp-dir {temp} --disable-usage-stats "
@@ -114,9 +113,9 @@ async def _start_head(head: RemoteHead, port: int) -> StartedRay:
         match = re.search(r"--address='([^']+)'", str(done.stdout))
         if done.exit_status == 0 and match is not None:
             break
-        if attempt == 1 and STARTUP_TIMED_OUT in str(done.stderr):
+        if attempt < START_ATTEMPTS and STARTUP_TIMED_OUT in str(done.stderr):
             log.warning("`ray start --head` on %s timed out during startup (a busy head); again", head.target.host)
-            await head.stop_ray("[" + temp[0] + "]" + re.escape(temp[1:]))  # what the first try left running
+            await head.stop_ray("[" + temp[0] + "]" + re.escape(temp[1:]))  # what this try left running
             continue
         raise HeadError(f"`ray start --head` failed on {head.target.host}:\n{str(done.stderr)[-1500:]}")
     assert match is not None
@@ -598,7 +597,7 @@ async def _start_worker(target: SSHTarget, started: StartedRay, timeout: float =
                 f"worker {target.host} could not join the head at {started.address}: it cannot reach that "
                 f"address ({reason[0]}). Check the network between them (routes, firewalls)."
             )
-        for attempt in (1, 2):
+        for attempt in range(1, START_ATTEMPTS + 1):
             try:
                 done = await worker.start_ray(
                     f"start --address {shlex.quote(started.address)} --disable-usage-stats {_node_ip(target)}",
@@ -610,10 +609,10 @@ async def _start_worker(target: SSHTarget, started: StartedRay, timeout: float =
             if done is not None and done.exit_status == 0:
                 return
             await worker.stop_ray(*started.patterns)
-            # Ray gives a raylet 30 s to register, which a busy host can miss: once more.
-            if done is None or STARTUP_TIMEOUT not in str(done.stderr) or attempt == 2:
+            # A busy host can miss the windows Ray gives a starting node: again.
+            if done is None or STARTUP_TIMED_OUT not in str(done.stderr) or attempt == START_ATTEMPTS:
                 break
-            log.warning("worker %s: its raylet did not register in Ray's 30 s; starting it again", target.host)
+            log.warning("worker %s: its node timed out during startup (a busy host); starting it again", target.host)
         detail = "it did not join in time" if done is None else str(done.stderr).strip()[-800:]
         raise HeadError(
             f"worker {target.host} could not join the head at {started.address}: {detail}. "

@@ -260,7 +260,7 @@ def warm_up(relay: Any, warming: list[Any]) -> None:
 
 
 #: How often the embedded cluster's start is tried when Ray says it timed out starting.
-LOCAL_START_ATTEMPTS = 2
+LOCAL_START_ATTEMPTS = 3
 
 
 def private_token() -> None:
@@ -303,8 +303,9 @@ def _init_local(ray: Any, kwargs: dict[str, Any]) -> None:
 
     Ray gives a starting node fixed windows of 30 s: its raylet waits that long for the node's dashboard agent (a
     Python process, slow to import on a loaded machine; raised here to 90 s), and ``ray.init`` as long for the
-    raylet. A start that timed out is tried once more, after what it left is killed (all this agent's children:
-    nothing else is)."""
+    raylet (and the raylet waits 15 s, a window Ray fixes, for the agent to say its ports). A start that timed
+    out is tried again, three times in all, after what it left is killed (all this agent's children: nothing
+    else is)."""
     os.environ.setdefault("RAY_agent_register_timeout_ms", "90000")
     # A runtime_env whose install fails (a misspelt --pip package) is tried once, not three times: each try
     # clones the Python environment anew (tens of seconds in a virtualenv), and pip has retried the network.
@@ -318,7 +319,7 @@ def _init_local(ray: Any, kwargs: dict[str, Any]) -> None:
         except Exception as exc:
             if attempt == LOCAL_START_ATTEMPTS or "timed out during startup" not in str(exc):
                 raise
-            log.warning("Ray timed out starting the embedded cluster (%s); trying once more", exc)
+            log.warning("Ray timed out starting the embedded cluster (%s); trying again", exc)
             for pid in descendants(os.getpid()):
                 try:
                     os.kill(pid, signal.SIGKILL)
