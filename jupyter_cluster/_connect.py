@@ -44,6 +44,24 @@ DASHBOARD_PORT = 8265
 STARTUP_TIMED_OUT = "timed out during startup"
 #: How many times a ``ray start`` that timed out so is tried, on the head and on each worker.
 START_ATTEMPTS = 3
+#: Between two tries, the host is given up to this long to be less busy than it has cores.
+CALM_WAIT = 30.0
+
+
+async def _calmer(host: Any) -> None:
+    """Wait a moment, and up to :data:`CALM_WAIT`, for ``host`` (a :class:`RemoteHead`) to be less busy: a start
+    that timed out met a busy host, and another at once meets the same (a build, or pip, for a minute)."""
+    deadline = time.monotonic() + CALM_WAIT
+    await asyncio.sleep(3)
+    while time.monotonic() < deadline:
+        done = await host.run("cat /proc/loadavg; nproc", timeout=10)
+        words = str(done.stdout).split()
+        try:
+            if float(words[0]) < int(words[-1]):
+                return
+        except (ValueError, IndexError):
+            return  # no /proc here: nothing to wait for
+        await asyncio.sleep(3)
 
 
 @dataclass
@@ -116,6 +134,7 @@ async def _start_head(head: RemoteHead, port: int) -> StartedRay:
         if attempt < START_ATTEMPTS and STARTUP_TIMED_OUT in str(done.stderr):
             log.warning("`ray start --head` on %s timed out during startup (a busy head); again", head.target.host)
             await head.stop_ray("[" + temp[0] + "]" + re.escape(temp[1:]))  # what this try left running
+            await _calmer(head)
             continue
         raise HeadError(f"`ray start --head` failed on {head.target.host}:\n{str(done.stderr)[-1500:]}")
     assert match is not None
@@ -613,6 +632,7 @@ async def _start_worker(target: SSHTarget, started: StartedRay, timeout: float =
             if done is None or STARTUP_TIMED_OUT not in str(done.stderr) or attempt == START_ATTEMPTS:
                 break
             log.warning("worker %s: its node timed out during startup (a busy host); starting it again", target.host)
+            await _calmer(worker)
         detail = "it did not join in time" if done is None else str(done.stderr).strip()[-800:]
         raise HeadError(
             f"worker {target.host} could not join the head at {started.address}: {detail}. "
