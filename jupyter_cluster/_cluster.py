@@ -405,9 +405,11 @@ class Cluster:
             return cell
 
     def _forget_cell(self, cell: RemoteCell) -> None:
-        self.cells.pop(cell.cell_id, None)
+        # The last map first: whoever reads the cells meanwhile (the dashboard, on its thread) finds the map in one
+        # place or the other.
         if cell.mode == "map" and (self.last_map is None or cell.submitted >= self.last_map.submitted):
             self.last_map = cell
+        self.cells.pop(cell.cell_id, None)
 
     @staticmethod
     def _options(

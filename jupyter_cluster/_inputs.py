@@ -199,8 +199,8 @@ class InputLedger:
 
         Where the agent shares this machine, a large value is written into a segment of
         shared memory (:mod:`._segments`), which travels in its place, and its hash, when
-        :meth:`prepare` did not take one, is taken from the segment afterwards, while it is
-        on its way: the hash makes no pass of its own. Elsewhere the value's bytes go on the
+        :meth:`prepare` did not take one, is taken from the segment afterwards, once the
+        agent has read it: the hash makes no pass on the value's way. Elsewhere the value's bytes go on the
         socket, hashed here. The caller owns the segments (``shipped.segments``).
         """
         while shipped.unpacked:

@@ -106,9 +106,9 @@ class SegmentPool:
         """
         with self._lock:
             free = any(self._fits(s, nbytes) for s in self._free)
-            waiting = [s for s in self._hashing if self._fits(s, nbytes) and s.hashing is not None]
+            waiting = [(s.capacity, s.hashing) for s in self._hashing if self._fits(s, nbytes) and s.hashing]
         if waiting and not free:
-            min(waiting, key=lambda s: s.capacity).hashing.result()  # type: ignore[union-attr]  # then it is free
+            min(waiting, key=lambda pair: pair[0])[1].result()  # its segment comes to the free list
         with self._lock:
             fits = [s for s in self._free if self._fits(s, nbytes)]
             if fits:
@@ -185,6 +185,7 @@ class SegmentPool:
         except BaseException:
             segment.close()
             raise
+        segment.hashing = None  # (a reused segment's hash of its last value, taken, is dropped)
         if hash_later:
             segment.hashing = Digest(Pickled(blob.data, [segment.view[offset : offset + n] for offset, n in places]))
         return Shared(blob.data, segment.name(), places), segment, segment.hashing

@@ -128,6 +128,9 @@ def test_a_hash_left_to_the_background_is_finished_by_whoever_needs_it() -> None
         assert staged is not None and not staged.done() and segment in pool._hashing
         assert pool.take(blob.nbytes) is segment and staged.done() and staged.result() == whole
     pool.give(segment)
+    _sent, again, unhashed = pool.stage(blob)  # reused for a value sent unhashed: no hash of the last one is said
+    assert again is segment and unhashed is None and segment.hashing is None
+    pool.give(segment)
     pool.clear()
 
 

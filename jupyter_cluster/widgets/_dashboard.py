@@ -210,7 +210,6 @@ class Dashboard(ipywidgets.VBox):
         self._rows: dict[str, dict[str, int]] = {}  # node id -> metric -> row index
         self._displays: list[Any] = []
         self._pictures: list[Any] = []
-        self._last_map: Any = None
         self._said: tuple[str, Any] = ("", None)  # what the header last said of the link or the feed
         self._sampled: float | None = self.feed.received  # when the sample drawn last came (this kernel's clock)
         self._lock = threading.Lock()
@@ -318,8 +317,6 @@ class Dashboard(ipywidgets.VBox):
         with self._lock:
             if self.closed:
                 return
-            if cell.mode == "map" and (self._last_map is None or cell.submitted >= self._last_map.submitted):
-                self._last_map = cell
             self._draw_states()
 
     def _age_ticks(self) -> None:
@@ -485,14 +482,14 @@ class Dashboard(ipywidgets.VBox):
         return snapshot_html(self.feed.nodes, self.labels, title, self.feed.totals(), cells, last_map)
 
     def _cells(self) -> tuple[list[Any], Any]:
-        """The cluster's cells now, and the last ``--map`` cell seen (kept, to show its items as it ended)."""
+        """The cluster's cells now, and the latest ``--map`` cell: running, or the last that ended (to show its
+        items as it ended)."""
         cells = list(self.cluster.cells.values())
         maps = [cell for cell in cells if cell.mode == "map"]
-        if self._last_map is None:  # opened after a map ended: that one
-            self._last_map = getattr(self.cluster, "last_map", None)
-        if maps:
-            self._last_map = max(maps, key=lambda cell: cell.submitted)
-        return cells, self._last_map
+        ended = getattr(self.cluster, "last_map", None)
+        if ended is not None:
+            maps.append(ended)
+        return cells, max(maps, key=lambda cell: cell.submitted, default=None)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         if not self.closed:
