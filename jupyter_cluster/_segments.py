@@ -147,9 +147,10 @@ class SegmentPool:
         """Close the segments idle for :attr:`idle` seconds; look again while any is left."""
         now = time.monotonic()
         with self._lock:
-            for segment in [s for s in self._free if now - s.freed_at >= self.idle]:
-                self._free.remove(segment)
+            idle = [s for s in self._free if now - s.freed_at >= self.idle]
+            for segment in idle:  # all closed before any leaves the list: what is not in it is closed
                 segment.close()
+            self._free = [s for s in self._free if s not in idle]
             self._trimmer = None
             if self._free:
                 wait = max(0.1, min(s.freed_at for s in self._free) + self.idle - now)
